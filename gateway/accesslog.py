@@ -1,0 +1,64 @@
+"""Structured access log: one JSON line per request on stdout.
+
+What is logged is what the record holds: ids, names, numbers and outcomes. Prompt and completion
+text, keys and replica URLs never enter the record, so they cannot leak through here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+import orjson
+
+from gateway.exchange import Exchange
+
+
+def _ms(start: float, end: float | None) -> float | None:
+    return None if end is None else round((end - start) * 1000, 3)
+
+
+def entry(ex: Exchange) -> dict[str, Any]:
+    answer = ex.answer
+    return {
+        "ts": round(time.time(), 3),
+        "request_id": ex.request_id,
+        "endpoint": ex.endpoint,
+        "client": ex.client,
+        "preset": ex.preset,
+        "route": ex.route or None,
+        "replica": ex.replica or None,
+        "engine": ex.engine or None,
+        "stream": ex.stream,
+        "status": ex.status if ex.headers_sent or ex.outcome != "client_disconnected" else 499,
+        "outcome": ex.outcome,
+        "error_code": ex.error_code,
+        "disconnect_phase": ex.disconnect_phase,
+        "rewrites": [text for _, text in ex.rewrites],
+        "warnings": ex.warnings,
+        "attempts": ex.attempts,
+        "retries": ex.retries,
+        "pick": ex.pick_reason or None,
+        "prefix": ex.prefix or None,
+        "duration_ms": _ms(ex.started, ex.finished),
+        "overhead_ms": _ms(ex.started, ex.upstream_sent),
+        "ttft_ms": _ms(ex.started, ex.first_token),
+        "prompt_tokens": answer.prompt_tokens,
+        "cached_tokens": answer.cached_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "reasoning_tokens": answer.reasoning_tokens,
+        "finish_reason": answer.finish_reason,
+    }
+
+
+class AccessLog:
+    def __init__(self, stream: IO[bytes] | None = None, enabled: bool = True) -> None:
+        self._stream = stream if stream is not None else sys.stdout.buffer
+        self.enabled = enabled
+
+    def write(self, ex: Exchange) -> None:
+        if not self.enabled:
+            return
+        self._stream.write(orjson.dumps(entry(ex)) + b"\n")
+        self._stream.flush()

@@ -1,0 +1,221 @@
+"""The composition root: builds the gateway's parts once and wires them to the HTTP surface."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.accesslog import AccessLog
+from gateway.auth import KeyAuth
+from gateway.errors import render
+from gateway.exchange import Exchange
+from gateway.metrics import Metrics
+from gateway.prober import Prober
+from gateway.proxy import Context, Proxy
+from gateway.replicas import Fleet
+from gateway.settings import Settings
+from gateway.table import Table, TableError, load_table
+from gateway.upstream import UpstreamClient, create_client
+
+log = logging.getLogger("gateway")
+
+
+@dataclass
+class Gateway:
+    """The running gateway's parts. The fleet is swapped whole on reload; nothing else changes."""
+
+    settings: Settings
+    fleet: Fleet
+    client: UpstreamClient
+    registry: CollectorRegistry
+    access_log: AccessLog
+    clock: Callable[[], float] = time.monotonic
+    metrics: Metrics = field(init=False)
+    proxy: Proxy = field(init=False)
+    prober: Prober = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.registry, lambda: self.fleet)
+        self.proxy = Proxy(
+            Context(self.settings, lambda: self.fleet, self.client, self.record, clock=self.clock)
+        )
+        self.prober = Prober(lambda: self.fleet, self.client, self.clock)
+
+    def record(self, ex: Exchange) -> None:
+        self.metrics.record(ex)
+        self.access_log.write(ex)
+
+    def reload(self) -> Table:
+        """Validate first, keep the old table on error, then swap atomically."""
+        table = load_table(self.settings.routes)
+        self.fleet = Fleet(table, self.clock, previous=self.fleet)
+        log.warning("routing table reloaded from %s", table.source)
+        return table
+
+
+class State(TypedDict):
+    gateway: Gateway
+
+
+def build_gateway(
+    settings: Settings,
+    table: Table | None = None,
+    *,
+    client: UpstreamClient | None = None,
+    registry: CollectorRegistry | None = None,
+    access_log: AccessLog | None = None,
+) -> Gateway:
+    table = table or load_table(settings.routes)
+    return Gateway(
+        settings=settings,
+        fleet=Fleet(table),
+        client=client or create_client(settings.http_client),
+        registry=registry or CollectorRegistry(),
+        access_log=access_log or AccessLog(enabled=settings.log_requests),
+    )
+
+
+def create_app(gateway: Gateway) -> Any:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+        # The first probe round runs before serving, so early requests see real replica state.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(gateway.fleet.table.health.timeout + 0.5):
+                await gateway.prober.probe_all()
+        probing = asyncio.create_task(gateway.prober.run())
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            # Only in the main thread of a real process; tests run servers in threads.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload, gateway)
+        try:
+            yield {"gateway": gateway}
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+            await gateway.client.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", gateway.proxy.endpoint("chat"), methods=["POST"]),
+        Route("/v1/completions", gateway.proxy.endpoint("completions"), methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/health", _health, methods=["GET"]),
+        Route("/ready", _ready, methods=["GET"]),
+    ]
+    if gateway.settings.metrics_port == 0:
+        routes.append(Route("/metrics", _metrics, methods=["GET"]))
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
+    return KeyAuth(app, gateway.settings.keys())
+
+
+def metrics_app(gateway: Gateway) -> Any:
+    """/metrics alone, for `GATEWAY_METRICS_PORT`: scrapers need no key on a private port."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+        yield {"gateway": gateway}
+
+    return Starlette(
+        routes=[Route("/metrics", _metrics, methods=["GET"])],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.state.gateway
+    return gateway
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+async def _models(request: Request) -> Response:
+    fleet = _gateway(request).fleet
+    data = []
+    for preset in fleet.table.presets.values():
+        card = {
+            "id": preset.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "fleet-gateway",
+            "served_model": preset.served_model,
+            "aliases": list(preset.aliases),
+            "vision": preset.vision,
+            "ready": fleet.pools[preset.name].ready(),
+        }
+        data.append(card)
+        for alias in preset.aliases:
+            data.append(
+                {
+                    "id": alias,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "fleet-gateway",
+                    "preset": preset.name,
+                }
+            )
+    return _json({"object": "list", "data": data})
+
+
+async def _health(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def _ready(request: Request) -> Response:
+    missing = _gateway(request).fleet.not_ready()
+    if missing:
+        return _json({"status": "not_ready", "not_ready": missing}, status=503)
+    return _json({"status": "ready"})
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(generate_latest(_gateway(request).registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message, code = f"Method {request.method} is not allowed here", "method_not_allowed"
+    else:
+        message, code = (
+            "Not found: the gateway serves /v1/chat/completions, /v1/completions and /v1/models",
+            "not_found",
+        )
+    return Response(
+        render(message, "invalid_request_error", code),
+        status_code=exc.status_code,
+        media_type="application/json",
+    )
+
+
+def _reload(gateway: Gateway) -> None:
+    try:
+        gateway.reload()
+    except TableError as exc:
+        log.error("reload refused, the old routing table stays: %s", exc)
+
+
+def load_or_exit(settings: Settings) -> Table:
+    try:
+        return load_table(settings.routes)
+    except TableError as exc:
+        raise SystemExit(str(exc)) from None

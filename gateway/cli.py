@@ -1,0 +1,103 @@
+"""`fleet-gateway`: serve, check a routing table, run the demo fleet."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.settings import Settings
+from gateway.table import Table, TableError, load_table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleet-gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fleet-gateway {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--routes", type=Path, help="routing table (default: $GATEWAY_ROUTES or ./routes.yaml)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 18000)")
+
+    check = commands.add_parser("check", help="validate a routing table and print what it resolves to")
+    check.add_argument("path", nargs="?", type=Path, help="routing table (default: as for serve)")
+
+    demo = commands.add_parser("demo", help="run the gateway in front of simulated replicas (no GPU needed)")
+    demo.add_argument("--port", type=int, default=18000, help="gateway port (default 18000)")
+    demo.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        overrides = {k: v for k, v in (("routes", args.routes), ("host", args.host), ("port", args.port)) if v}
+        return serve_command(settings.model_copy(update=overrides))
+    if args.command == "check":
+        return check_command(args.path or settings.routes)
+    from gateway.demo import run_demo
+
+    return run_demo(settings.model_copy(update={"host": args.host, "port": args.port}))
+
+
+def serve_command(settings: Settings) -> int:
+    from gateway.app import build_gateway, create_app
+    from gateway.server import run
+
+    try:
+        gateway = build_gateway(settings)
+    except TableError as exc:
+        print(f"fleet-gateway: {exc}", file=sys.stderr)
+        return 2
+    run_loop(run(gateway, create_app(gateway)))
+    return 0
+
+
+def run_loop(main: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop has no Windows build
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+def check_command(path: Path) -> int:
+    try:
+        table = load_table(path)
+    except TableError as exc:
+        print(f"fleet-gateway: {exc}", file=sys.stderr)
+        return 2
+    print(describe(table))
+    return 0
+
+
+def describe(table: Table) -> str:
+    lines = [f"{table.source}: OK, {len(table.presets)} presets"]
+    for preset in table.presets.values():
+        names = ", ".join((preset.name, *preset.aliases))
+        lines.append(f"  {preset.name}  ->  {preset.served_model}   (names: {names})")
+        lines.append(
+            f"      policy {preset.policy}, thinking {'on' if preset.thinking else 'off'}, "
+            f"max_tokens {preset.max_tokens} (floor {preset.min_max_tokens}), vision {preset.vision}, "
+            f"deadline {preset.timeouts.read:g}s, prefix volatile={preset.prefix.volatile}"
+        )
+        if preset.params:
+            lines.append(f"      params {dict(preset.params)}")
+        for replica in preset.replicas:
+            lines.append(f"      - {replica.name}  {replica.engine}  {replica.url}")
+        if preset.discover is not None:
+            found = preset.discover
+            lines.append(f"      - discovered from {found.dns}:{found.port} ({found.engine}) every {found.every:g}s")
+    lines.append("  tasks: " + (", ".join(f"{t} -> {p}" for t, p in table.tasks.items()) or "none"))
+    lines.append(f"  default -> {table.default}; images -> {table.images or 'rejected (no vision preset)'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The gateway's error tree: every failure a client can see, with its status and OpenAI error type.
+
+    GatewayError                       status  type                    code
+    ├── BadRequest                     400     invalid_request_error   (per case)
+    │   ├── RequestTooLarge            413                             request_too_large
+    │   └── UnknownTask                400                             unknown_task
+    ├── Unauthorized                   401     authentication_error    invalid_api_key
+    ├── NotFound                       404     invalid_request_error   not_found
+    │   └── ModelNotFound              404                             model_not_found
+    ├── RequestTimeout                 408     invalid_request_error   body_timeout
+    ├── QueueFull                      429     rate_limit_exceeded     queue_full
+    ├── GatewayBug                     500     gateway_error           internal_error
+    ├── UpstreamServerError            500     upstream_error          upstream_error
+    ├── UpstreamFailure                502     upstream_error          (per case)
+    ├── NoUpstream                     503     service_unavailable     no_healthy_upstream
+    └── GatewayTimeout                 504     timeout                 (per case)
+
+One renderer (`render`) turns any of them into `{"error": {"message", "type", "code", "param"}}`.
+Messages are written by the gateway, never copied from an exception, so no stack trace, replica
+URL or key can leak through them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+MAX_MESSAGE = 512
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "gateway_error"
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message[:MAX_MESSAGE]
+        self.code = code or self.default_code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return render(self.message, self.type, self.code, self.param)
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class RequestTooLarge(BadRequest):
+    status = 413
+    default_code = "request_too_large"
+
+
+class UnknownTask(BadRequest):
+    default_code = "unknown_task"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    default_code = "body_timeout"
+
+
+class QueueFull(GatewayError):
+    status = 429
+    type = "rate_limit_exceeded"
+    default_code = "queue_full"
+
+
+class GatewayBug(GatewayError):
+    """A failure inside the gateway before anything was sent upstream: never retried."""
+
+
+class UpstreamFailure(GatewayError):
+    status = 502
+    type = "upstream_error"
+    default_code = "bad_gateway"
+
+
+class UpstreamServerError(GatewayError):
+    """A replica's own 500: passed on as a 500, with a generic message, and never retried."""
+
+    status = 500
+    type = "upstream_error"
+    default_code = "upstream_error"
+
+
+class NoUpstream(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "no_healthy_upstream"
+
+
+class GatewayTimeout(GatewayError):
+    status = 504
+    type = "timeout"
+    default_code = "upstream_timeout"
+
+
+def render(message: str, type_: str, code: str | int, param: str | None = None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message[:MAX_MESSAGE], "type": type_, "code": code, "param": param}}
+    )
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    """The one event that ends a stream the gateway could not finish (no `[DONE]` after it)."""
+    payload = {"error": {"message": message[:MAX_MESSAGE], "type": "upstream_error", "code": code}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -1,0 +1,102 @@
+"""Active health probes: `/health` for readiness, `/v1/models` for the context length and served names.
+
+The side-effecting half of health: it asks the replicas and feeds the answers to the pure state
+machine in `health.py`. Readiness is `/health` 200 only: vLLM refuses connections while starting,
+llama-server answers 503 "Loading model" (and 200 on `/v1/models` at the same time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gateway.health import Probe
+from gateway.replicas import Fleet, Replica
+from gateway.upstream import HeaderTimeout, IdleTimeout, UpstreamClient, UpstreamError
+
+log = logging.getLogger("gateway.prober")
+
+MODELS_EVERY = 12  # re-read /v1/models every this many probe cycles: a replica may be restarted bigger
+
+
+class Prober:
+    def __init__(
+        self, fleet: Callable[[], Fleet], client: UpstreamClient, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._fleet = fleet
+        self._client = client
+        self._clock = clock
+        self.cycles = 0
+
+    async def run(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self._fleet().table.health.interval)
+
+    async def probe_all(self) -> None:
+        replicas = self._fleet().replicas()
+        await asyncio.gather(*(self.probe(replica) for replica in replicas))
+        self.cycles += 1
+
+    async def probe(self, replica: Replica) -> Probe:
+        config = replica.health.config
+        started = self._clock()
+        result: Probe
+        try:
+            status, _ = await self._client.get(replica.url + "/health", _auth(replica), config.timeout)
+            result = "ok" if status == 200 else "fail"
+        except (HeaderTimeout, IdleTimeout):
+            result = "timeout"
+        except UpstreamError:
+            result = "fail"
+        replica.probe_latency = self._clock() - started
+        before = replica.health.status
+        replica.health.on_probe(result, self._clock())
+        if replica.health.status is not before:
+            log.warning(
+                "replica %s is %s (%s)", replica.name, replica.health.status.value, replica.health.last_reason
+            )
+        if result == "ok" and (replica.context is None or self.cycles % MODELS_EVERY == 0):
+            await self.read_models(replica)
+        return result
+
+    async def read_models(self, replica: Replica) -> None:
+        try:
+            status, body = await self._client.get(
+                replica.url + "/v1/models", _auth(replica), replica.health.config.timeout
+            )
+            payload = orjson.loads(body) if status == 200 else None
+        except (UpstreamError, orjson.JSONDecodeError):
+            return
+        ids, context = parse_models(payload)
+        replica.served_ids = ids or replica.served_ids
+        replica.context = context or replica.context
+
+
+def parse_models(payload: Any) -> tuple[tuple[str, ...], int | None]:
+    """Served names and context length from either dialect of `/v1/models`."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return (), None
+    ids: list[str] = []
+    context: int | None = None
+    for card in data:
+        if not isinstance(card, dict):
+            continue
+        if isinstance(card.get("id"), str):
+            ids.append(card["id"])
+        meta = card.get("meta")
+        for value in (card.get("max_model_len"), meta.get("n_ctx") if isinstance(meta, dict) else None):
+            if isinstance(value, int) and value > 0 and context is None:
+                context = value
+    return tuple(ids), context
+
+
+def _auth(replica: Replica) -> list[tuple[str, str]]:
+    key = replica.api_key()
+    return [("authorization", f"Bearer {key}")] if key else []

@@ -1,0 +1,167 @@
+"""Sending answers to the client: a replica's response (streamed or whole) or the gateway's own error.
+
+Before the first byte reaches the client a failure is still a proper HTTP error; after it, a stream
+can only be ended with one `data: {"error": ...}` event and no `[DONE]` (Envoy's rule: local reply
+before headers, cut the stream after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError, render, sse_error_event
+from gateway.exchange import Exchange
+from gateway.sse import SseRelay
+from gateway.upstream import IdleTimeout, UpstreamError, UpstreamResponse
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Clock = Callable[[], float]
+
+ERROR_BODY_LIMIT = 64 * 1024  # an upstream error body is read this far and no further
+FORWARDED_MESSAGE_LIMIT = 4096
+_URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
+
+
+def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-request-id", ex.request_id.encode())]
+    if ex.preset != "unknown":
+        headers.append((b"x-gateway-preset", ex.preset.encode()))
+        headers.append((b"x-gateway-route", ex.route.encode()))
+    if ex.replica:
+        headers.append((b"x-gateway-replica", ex.replica.encode()))
+    if ex.rewrites:
+        headers.append((b"x-gateway-rewrites", ",".join(text for _, text in ex.rewrites).encode()))
+    if ex.prefix:
+        headers.append((b"x-gateway-prefix", ex.prefix.encode()))
+    return headers
+
+
+async def send_error(send: Send, ex: Exchange, error: GatewayError) -> None:
+    body = error.body()
+    ex.status, ex.error_code = error.status, error.code
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *gateway_headers(ex),
+        *((k.encode(), v.encode()) for k, v in error.headers.items()),
+    ]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    ex.headers_sent = True
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_whole(send: Send, ex: Exchange, response: UpstreamResponse, clock: Clock) -> None:
+    """A non-streaming answer: its headers come only when generation ends, so read it all."""
+    data = await response.read()
+    ex.status = response.status
+    content_type = response.headers.get("content-type", "application/json")
+    if content_type.startswith("application/json"):
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict):
+            ex.answer.read_message(payload)
+    headers = [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(data)).encode()),
+        *gateway_headers(ex),
+        *_answer_headers(ex),
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    ex.headers_sent = True
+    await send({"type": "http.response.body", "body": data})
+    ex.finished = clock()
+
+
+async def send_stream(
+    send: Send, ex: Exchange, response: UpstreamResponse, *, drop_usage: bool, deadline: float, clock: Clock
+) -> None:
+    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock)
+    ex.status = response.status
+    headers = [
+        (b"content-type", response.headers.get("content-type", "text/event-stream").encode("latin-1")),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        *gateway_headers(ex),
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    ex.headers_sent = True
+    failure: str | None = None
+    try:
+        async with asyncio.timeout_at(deadline):
+            async for chunk in response.chunks():
+                out = relay.feed(chunk)
+                if out:
+                    if ex.first_token is None and relay.first_token_at is not None:
+                        ex.first_token = relay.first_token_at
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = relay.flush()
+        if tail:
+            await send({"type": "http.response.body", "body": tail, "more_body": True})
+    except IdleTimeout:
+        failure = "upstream_idle_timeout"
+    except UpstreamError:
+        failure = "upstream_disconnected"
+    except TimeoutError:
+        failure = "deadline_exceeded"
+    if ex.first_token is None and relay.first_token_at is not None:
+        ex.first_token = relay.first_token_at
+    if failure is not None:
+        # Whatever partial event is held back is dropped, never glued to the error.
+        ex.outcome, ex.error_code = "upstream_error", failure
+        ex.upstream_errors.append(failure)
+        message = f"The replica's answer broke off ({failure.replace('_', ' ')}); request {ex.request_id}"
+        await send(
+            {"type": "http.response.body", "body": sse_error_event(message, failure), "more_body": True}
+        )
+    await send({"type": "http.response.body", "body": b""})
+    ex.finished = clock()
+
+
+def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    headers = []
+    answer = ex.answer
+    if answer.cached_tokens is not None:
+        headers.append((b"x-gateway-cached-tokens", str(answer.cached_tokens).encode()))
+    if answer.thinking_trap:
+        ex.warnings.append("reasoning consumed max_tokens")
+        headers.append((b"x-gateway-warning", b"reasoning consumed max_tokens"))
+    return headers
+
+
+def upstream_error_body(status: int, raw: bytes, request_id: str) -> bytes:
+    """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic."""
+    message: str = ""
+    type_: str = "invalid_request_error"
+    code: str | int = status
+    param: str | None = None
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        if isinstance(error.get("message"), str):
+            message = error["message"]
+        if isinstance(error.get("code"), str | int):
+            code = error["code"]
+        if isinstance(error.get("param"), str):
+            param = error["param"]
+        if isinstance(error.get("type"), str) and len(error["type"]) <= 64:
+            type_ = error["type"]
+    elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        message = payload["message"]  # very old vLLM: a flat error object
+    message = _URL.sub("[address]", message)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
+
+
+def generic_error_body(message: str, code: str) -> bytes:
+    return render(message, "upstream_error", code)

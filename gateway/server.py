@@ -1,0 +1,43 @@
+"""Running the gateway under uvicorn: uvloop and httptools, no access log of uvicorn's own."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+
+from gateway.app import Gateway, metrics_app
+
+log = logging.getLogger("gateway")
+
+
+def uvicorn_config(app: Any, host: str, port: int, **overrides: Any) -> uvicorn.Config:
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,  # the gateway writes its own structured access log
+        "server_header": False,  # nothing about the stack behind it
+        "log_config": None,
+        "backlog": 2048,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+async def run(gateway: Gateway, app: Any) -> None:
+    settings = gateway.settings
+    if not settings.keys() and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "no GATEWAY_API_KEYS set and listening on %s: anyone who can reach it can use the fleet", settings.host
+        )
+    config = uvicorn_config(app, settings.host, settings.port, timeout_graceful_shutdown=settings.drain_seconds)
+    servers = [uvicorn.Server(config)]
+    if settings.metrics_port:
+        servers.append(uvicorn.Server(uvicorn_config(metrics_app(gateway), settings.host, settings.metrics_port)))
+    log.warning("fleet-gateway listening on http://%s:%d (routes: %s)", settings.host, settings.port, settings.routes)
+    await asyncio.gather(*(server.serve() for server in servers))

@@ -1,0 +1,45 @@
+"""Process settings: where things are and how the process behaves, from `GATEWAY_*` variables.
+
+What a request is routed to and how it is rewritten lives in routes.yaml (`table.py`); these are
+the knobs of the process itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
+
+    routes: Path = Path("routes.yaml")
+    host: str = "127.0.0.1"
+    port: int = 18000
+    # Image-bearing agent requests are large; the reference nginx set-up used 32 MiB.
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(64, ge=2)
+    body_timeout: float = Field(30.0, gt=0)
+    # Bodies above this are parsed and serialised on a worker thread so the event loop keeps serving.
+    offload_bytes: int = Field(1024 * 1024, ge=0)
+    # Comma-separated gateway keys; or a file with one key per line. None configured = open gateway.
+    api_keys: str = ""
+    api_keys_file: Path | None = None
+    # /metrics on its own port (0 = served on the main port, behind the API key when keys are set).
+    metrics_port: int = 0
+    drain_seconds: float = Field(30.0, ge=0)
+    log_requests: bool = True
+    log_prompts: bool = False
+    log_level: str = "info"
+    # "aiohttp" (default, measured cheapest per request) or "httpx2"; see gateway/upstream/.
+    http_client: str = "aiohttp"
+    watch_routes: bool = False
+
+    def keys(self) -> frozenset[str]:
+        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
+        if self.api_keys_file is not None:
+            text = self.api_keys_file.read_text(encoding="utf-8")
+            keys |= {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+        return frozenset(keys)

@@ -1,0 +1,110 @@
+"""Server-sent events relayed as raw bytes, cut only at event boundaries.
+
+Bytes are forwarded as they arrive, up to the last complete event; an incomplete event is held
+until its blank line arrives. So if the replica dies mid-event the gateway can end the stream with
+one clean error event and never glue a half event to it (sub2api #1471). Only the few events that
+metrics need (finish reason, usage) are parsed; the rest is matched with a cheap byte search.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import orjson
+
+from gateway.answer import Answer
+
+_BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_CONTENT = re.compile(rb'"(?:content|text)":\s*"(?!")|"tool_calls":\s*\[\s*\{')
+_REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"(?!")')
+_WORTH_PARSING = (b'"finish_reason":"', b'"finish_reason": "', b'"usage"', b'"timings"')
+
+
+class SseRelay:
+    def __init__(self, answer: Answer, drop_usage: bool, clock: Callable[[], float]) -> None:
+        self.answer = answer
+        self.drop_usage = drop_usage  # the gateway asked for usage; the client did not
+        self.first_token_at: float | None = None
+        self.events = 0
+        self._clock = clock
+        self._pending = bytearray()
+
+    @property
+    def pending(self) -> bytes:
+        return bytes(self._pending)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Return the complete events now available, to forward as they are."""
+        if not self._pending:
+            end = _last_boundary(chunk, 0)
+            if end == len(chunk):
+                return self._inspect(chunk)  # the usual case: whole events, no copy
+            self._pending += chunk[end:]
+            return self._inspect(chunk[:end]) if end else b""
+        # Search only the new bytes (and the 3 before, for a boundary split across reads):
+        # an event that arrives one byte at a time must not cost quadratic time.
+        start = max(0, len(self._pending) - 3)
+        self._pending += chunk
+        end = _last_boundary(self._pending, start)
+        if end == 0:
+            return b""
+        block = bytes(self._pending[:end])
+        del self._pending[:end]
+        return self._inspect(block)
+
+    def flush(self) -> bytes:
+        """At a clean end of stream: whatever remains, even without its final blank line."""
+        rest = bytes(self._pending)
+        self._pending.clear()
+        return self._inspect(rest) if rest else b""
+
+    def _inspect(self, block: bytes) -> bytes:
+        answer = self.answer
+        if self.first_token_at is None and (_CONTENT.search(block) or _REASONING.search(block)):
+            self.first_token_at = self._clock()
+        if not answer.content_seen and _CONTENT.search(block):
+            answer.content_seen = True
+        if not answer.reasoning_seen and _REASONING.search(block):
+            answer.reasoning_seen = True
+        if not any(marker in block for marker in _WORTH_PARSING):
+            self.events += block.count(b"data:")
+            return block
+        pieces = _SPLIT.split(block)
+        kept: list[bytes] = []
+        for index in range(0, len(pieces), 2):
+            event = pieces[index]
+            separator = pieces[index + 1] if index + 1 < len(pieces) else b""
+            payload = _data(event)
+            if payload is not None:
+                self.events += 1
+                answer.read_chunk(payload)
+                if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
+                    continue
+            kept.append(event + separator)
+        return b"".join(kept)
+
+
+def _last_boundary(data: bytes | bytearray, start: int) -> int:
+    """The end of the last complete event in data[start:] (0 when there is none)."""
+    best = 0
+    for boundary in _BOUNDARIES:
+        at = data.rfind(boundary, start)
+        if at >= 0:
+            best = max(best, at + len(boundary))
+    return best
+
+
+def _data(event: bytes) -> dict[str, object] | None:
+    lines = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    raw = b"\n".join(lines)
+    if not raw.startswith(b"{"):
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

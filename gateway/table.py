@@ -1,0 +1,364 @@
+"""The routing table: the schema of routes.yaml, its loader, and model/task/image resolution.
+
+Pure: loading reads one file, everything else works on values. Configuration fails here, at
+start-up (or at reload), with a message that names the file, the key path and the fix; a request
+never meets a half-valid table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateway.errors import BadRequest, ModelNotFound, UnknownTask
+
+Engine = Literal["vllm", "llamacpp"]
+Policy = Literal["round_robin", "least_busy", "prefix_affinity"]
+Volatile = Literal["off", "warn", "move", "strip"]
+RouteReason = Literal["model", "alias", "task", "images", "default"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """Seconds. `read` is the overall deadline of one request, retries included."""
+
+    connect: float = Field(5.0, gt=0)
+    first_byte: float = Field(60.0, gt=0)  # streaming only: a non-streaming answer's headers come at the end
+    idle: float = Field(120.0, gt=0)  # longest silence between two chunks of a stream
+    read: float = Field(1800.0, gt=0)
+
+
+class Limits(_Strict):
+    max_in_flight: int = Field(64, ge=1)  # per replica; more wait in the queue
+    queue: int = Field(32, ge=0)  # per preset; more get 429
+    queue_timeout: float = Field(30.0, gt=0)  # a queued request older than this gets 504
+
+
+class Retries(_Strict):
+    attempts: int = Field(2, ge=1, le=5)  # attempts in all, the first included
+    budget: float = Field(0.2, ge=0, le=1)  # retries in flight <= max(min_concurrent, budget * in flight)
+    min_concurrent: int = Field(3, ge=0)
+
+
+class Prefix(_Strict):
+    volatile: Volatile = "off"
+
+
+class Health(_Strict):
+    interval: float = Field(5.0, gt=0)
+    timeout: float = Field(2.0, gt=0)
+    healthy_threshold: int = Field(2, ge=1)
+    unhealthy_threshold: int = Field(3, ge=1)
+    eject_after: int = Field(3, ge=1)  # consecutive connect failures or 5xx on live traffic
+    eject_base: float = Field(30.0, gt=0)
+    eject_max: float = Field(300.0, gt=0)
+
+
+class ReplicaSpec(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    url: str
+    engine: Engine
+    api_key_env: str | None = None
+    max_in_flight: int | None = Field(None, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _server_root(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("give the server root without a path (the gateway adds /v1/...)")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials; use api_key_env")
+        return url.rstrip("/")
+
+
+class Discover(_Strict):
+    dns: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    engine: Engine
+    every: float = Field(10.0, gt=0)
+    scheme: Literal["http", "https"] = "http"
+    api_key_env: str | None = None
+
+
+class _Inherited(_Strict):
+    """Keys that `defaults` sets and any preset may override."""
+
+    thinking: bool | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    min_max_tokens: int | None = Field(None, ge=0)
+    policy: Policy | None = None
+    timeouts: Timeouts | None = None
+    limits: Limits | None = None
+    retries: Retries | None = None
+    prefix: Prefix | None = None
+    abort_on_disconnect: bool | None = None
+    params: dict[str, Any] | None = None
+
+
+class PresetSpec(_Inherited):
+    served_model: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    vision: bool = False
+    replicas: list[ReplicaSpec] = Field(default_factory=list)
+    discover: Discover | None = None
+
+
+class Routing(_Strict):
+    default: str
+    images: str | None = None
+
+
+class RoutesFile(_Strict):
+    defaults: _Inherited = _Inherited()
+    health: Health = Health()
+    presets: dict[str, PresetSpec]
+    tasks: dict[str, str] = Field(default_factory=dict)
+    routing: Routing
+
+
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "thinking": False,
+    "max_tokens": 8192,
+    "min_max_tokens": 1024,
+    "policy": "round_robin",
+    "abort_on_disconnect": True,
+    "params": {},
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    served_model: str
+    aliases: tuple[str, ...]
+    vision: bool
+    thinking: bool
+    max_tokens: int
+    min_max_tokens: int
+    policy: Policy
+    timeouts: Timeouts
+    limits: Limits
+    retries: Retries
+    prefix: Prefix
+    abort_on_disconnect: bool
+    params: Mapping[str, Any]
+    replicas: tuple[ReplicaSpec, ...]
+    discover: Discover | None
+
+
+@dataclass(frozen=True)
+class Route:
+    preset: Preset
+    reason: RouteReason
+
+
+@dataclass(frozen=True)
+class Table:
+    presets: Mapping[str, Preset]
+    tasks: Mapping[str, str]
+    default: str
+    images: str | None
+    health: Health
+    source: str = "<memory>"
+    _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
+
+    def model_names(self) -> list[str]:
+        return sorted(self._names_exact())
+
+    def _names_exact(self) -> set[str]:
+        return {name for name, (_, reason) in self._names.items() if reason in ("model", "alias")}
+
+    def resolve(self, model: str | None, task: str | None, has_images: bool) -> Route:
+        """Model name or alias, else task, else the default; then images may move it to vision."""
+        if model is not None and model != "auto":
+            hit = self._names.get(model) or self._names.get(model.casefold())
+            if hit is None:
+                raise ModelNotFound(
+                    f"The model '{model[:64]}' is not served here. Valid: {', '.join(self.model_names())}",
+                    param="model",
+                )
+            name, reason = hit
+            route = Route(self.presets[name], reason)
+        elif task is not None:
+            target = self.tasks.get(task)
+            if target is None:
+                raise UnknownTask(
+                    f"Unknown task '{task[:64]}'. Valid tasks: {', '.join(sorted(self.tasks)) or 'none'}",
+                    param="task",
+                )
+            route = Route(self.presets[target], "task")
+        else:
+            route = Route(self.presets[self.default], "default")
+        if has_images and not route.preset.vision:
+            if self.images is None:
+                raise BadRequest(
+                    f"The request has image inputs but preset '{route.preset.name}' takes no images "
+                    "and no vision preset is configured",
+                    code="images_not_supported",
+                )
+            route = Route(self.presets[self.images], "images")
+        return route
+
+
+class TableError(ValueError):
+    """routes.yaml is unusable; the message says where and how to fix it."""
+
+
+def load_table(path: str | os.PathLike[str]) -> Table:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TableError(f"{source}: cannot read the routing table ({exc.strerror})") from None
+    return parse_table(text, source)
+
+
+def parse_table(text: str, source: str = "<memory>") -> Table:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TableError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise TableError(f"{source}: the top level must be a mapping with presets, tasks and routing")
+    try:
+        spec = RoutesFile.model_validate(raw)
+    except ValidationError as exc:
+        raise TableError(_explain(source, exc)) from None
+    return build_table(spec, source)
+
+
+def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
+    problems = _cross_check(spec)
+    if problems:
+        raise TableError(f"{source}: " + "; ".join(problems))
+    presets = {name: _resolve_preset(name, spec.defaults, each) for name, each in spec.presets.items()}
+    names: dict[str, tuple[str, RouteReason]] = {}
+    served: dict[str, list[str]] = {}
+    for preset in presets.values():
+        names[preset.name] = names[preset.name.casefold()] = (preset.name, "model")
+        for alias in preset.aliases:
+            names[alias] = names[alias.casefold()] = (preset.name, "alias")
+        served.setdefault(preset.served_model, []).append(preset.name)
+    # A client may name the model the replicas serve; only when that name is unambiguous.
+    for served_name, owners in served.items():
+        if len(owners) == 1 and served_name not in names and served_name.casefold() not in names:
+            names[served_name] = names[served_name.casefold()] = (owners[0], "alias")
+    return Table(
+        presets=presets,
+        tasks=dict(spec.tasks),
+        default=spec.routing.default,
+        images=spec.routing.images,
+        health=spec.health,
+        source=source,
+        _names=names,
+    )
+
+
+def _resolve_preset(name: str, defaults: _Inherited, spec: PresetSpec) -> Preset:
+    def pick(key: str) -> Any:
+        own = getattr(spec, key)
+        if own is not None:
+            return own
+        inherited = getattr(defaults, key)
+        return BUILTIN_DEFAULTS[key] if inherited is None else inherited
+
+    def merged(key: str) -> dict[str, Any]:
+        # Key by key: a preset that sets `timeouts: {read: 7200}` keeps the default connect timeout.
+        out: dict[str, Any] = {}
+        for source in (defaults, spec):
+            part = getattr(source, key)
+            if part is not None:
+                out.update(part.model_dump(exclude_unset=True))
+        return out
+
+    return Preset(
+        name=name,
+        served_model=spec.served_model,
+        aliases=tuple(spec.aliases),
+        vision=spec.vision,
+        thinking=pick("thinking"),
+        max_tokens=pick("max_tokens"),
+        min_max_tokens=pick("min_max_tokens"),
+        policy=pick("policy"),
+        timeouts=Timeouts.model_validate(merged("timeouts")),
+        limits=Limits.model_validate(merged("limits")),
+        retries=Retries.model_validate(merged("retries")),
+        prefix=Prefix.model_validate(merged("prefix")),
+        abort_on_disconnect=pick("abort_on_disconnect"),
+        params={**(defaults.params or {}), **(spec.params or {})},
+        replicas=tuple(spec.replicas),
+        discover=spec.discover,
+    )
+
+
+def _cross_check(spec: RoutesFile) -> list[str]:
+    problems: list[str] = []
+    known = set(spec.presets)
+    listing = ", ".join(sorted(known))
+    if not spec.presets:
+        problems.append("presets: define at least one preset")
+    for task, target in spec.tasks.items():
+        if target not in known:
+            problems.append(f"tasks.{task}: '{target}' is not a preset (presets: {listing})")
+    if spec.routing.default not in known:
+        problems.append(f"routing.default: '{spec.routing.default}' is not a preset (presets: {listing})")
+    if spec.routing.images is not None:
+        if spec.routing.images not in known:
+            problems.append(f"routing.images: '{spec.routing.images}' is not a preset (presets: {listing})")
+        elif not spec.presets[spec.routing.images].vision:
+            problems.append(f"routing.images: preset '{spec.routing.images}' needs `vision: true`")
+    owner: dict[str, str] = {name.casefold(): f"preset '{name}'" for name in spec.presets}
+    replica_owner: dict[str, str] = {}
+    for name, preset in spec.presets.items():
+        if not preset.replicas and preset.discover is None:
+            problems.append(f"presets.{name}: list `replicas` or set `discover`")
+        for alias in preset.aliases:
+            key = alias.casefold()
+            if key in owner:
+                problems.append(f"presets.{name}.aliases: '{alias}' is already used by {owner[key]}")
+            else:
+                owner[key] = f"an alias of preset '{name}'"
+        for index, replica in enumerate(preset.replicas):
+            if replica.name in replica_owner:
+                problems.append(
+                    f"presets.{name}.replicas[{index}].name: '{replica.name}' is already a replica of "
+                    f"preset '{replica_owner[replica.name]}'; replica names must be unique"
+                )
+            replica_owner[replica.name] = name
+    return problems
+
+
+def _explain(source: str, exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        path = _dotted(error["loc"])
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling against the README's routes.yaml reference)"
+        elif error["type"] == "literal_error":
+            message = f"{message}, got {error.get('input')!r}"
+        lines.append(f"{path}: {message}")
+    return f"{source}: " + "; ".join(lines)
+
+
+def _dotted(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part:
+            out += f".{part}" if out else str(part)
+    return out

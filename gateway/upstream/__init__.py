@@ -1,0 +1,118 @@
+"""The only door to the replicas: one small interface, and the one place HTTP-client errors are translated.
+
+    UpstreamError
+    ├── ConnectFailed      the request never reached the replica: always safe to retry
+    ├── Reset              the connection closed or reset before response headers
+    ├── HeaderTimeout      no response headers within the first-byte timeout
+    ├── ProtocolFailure    the replica answered something that is not HTTP
+    ├── BodyFailed         the connection broke while the body was arriving
+    └── IdleTimeout        the body stalled for longer than the idle timeout
+
+Two implementations: `aiohttp` (the default; per request it costs a fraction of the CPU of the
+others, see the README's client comparison) and `httpx2` (the maintained continuation of httpx).
+Both are tested against the same contract, so either can be chosen with `GATEWAY_HTTP_CLIENT`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+
+class UpstreamError(Exception):
+    kind: ClassVar[str] = "upstream_error"
+
+
+class ConnectFailed(UpstreamError):
+    kind = "connect_error"
+
+
+class Reset(UpstreamError):
+    kind = "reset"
+
+
+class HeaderTimeout(UpstreamError):
+    kind = "header_timeout"
+
+
+class ProtocolFailure(UpstreamError):
+    kind = "protocol_error"
+
+
+class BodyFailed(UpstreamError):
+    kind = "upstream_disconnected"
+
+
+class IdleTimeout(UpstreamError):
+    kind = "idle_timeout"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float
+    first_byte: float | None  # response headers; None = bounded only by the caller's deadline
+    idle: float | None  # between body chunks
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: Mapping[str, str]  # case-insensitive
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without re-chunking."""
+        ...
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The body, or its first `limit` bytes (the rest is never read)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection; abort it when the body was not read to the end."""
+        ...
+
+
+class UpstreamClient(Protocol):
+    async def send(
+        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
+    ) -> UpstreamResponse: ...
+
+    async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
+        """A small GET for probes; raises UpstreamError subclasses on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# Below the replicas' own keep-alive (uvicorn: 5 s) so the gateway never reuses a connection the
+# replica is closing at that moment (the keep-alive race, NeMo Gym #1555).
+KEEPALIVE_EXPIRY = 4.0
+PROBE_BODY_LIMIT = 1024 * 1024
+
+
+def create_client(kind: str = "aiohttp", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:
+    if kind == "aiohttp":
+        from gateway.upstream.aiohttp_client import AiohttpClient
+
+        return AiohttpClient(keepalive_expiry)
+    if kind == "httpx2":
+        from gateway.upstream.httpx_client import HttpxClient
+
+        return HttpxClient(keepalive_expiry)
+    raise ValueError(f"unknown HTTP client {kind!r}: choose aiohttp or httpx2")
+
+
+__all__ = [
+    "KEEPALIVE_EXPIRY",
+    "BodyFailed",
+    "ConnectFailed",
+    "HeaderTimeout",
+    "IdleTimeout",
+    "ProtocolFailure",
+    "Reset",
+    "Timeouts",
+    "UpstreamClient",
+    "UpstreamError",
+    "UpstreamResponse",
+    "create_client",
+]
