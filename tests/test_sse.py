@@ -1,0 +1,92 @@
+import itertools
+
+import orjson
+import pytest
+
+from gateway.answer import Answer
+from gateway.sse import SseRelay
+
+STREAM = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    b": ping\n\n"
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}\n\n'
+    b"data: [DONE]\n\n"
+)
+USAGE_EVENT = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}\n\n'
+
+
+def relay_all(chunks: list[bytes], drop_usage: bool = False) -> tuple[bytes, SseRelay]:
+    ticks = itertools.count()
+    relay = SseRelay(Answer(), drop_usage=drop_usage, clock=lambda: float(next(ticks)))
+    out = b"".join(relay.feed(c) for c in chunks) + relay.flush()
+    return out, relay
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 10_000])
+def test_any_chunking_passes_the_stream_through_byte_for_byte(size: int) -> None:
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    out, relay = relay_all(chunks)
+    assert out == STREAM
+    answer = relay.answer
+    assert (answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens) == (7, 2, 4)
+    assert answer.finish_reason == "stop" and answer.content_seen and not answer.thinking_trap
+
+
+def test_the_injected_usage_chunk_is_removed_and_still_counted() -> None:
+    out, relay = relay_all([STREAM], drop_usage=True)
+    assert out == STREAM.replace(USAGE_EVENT, b"")
+    assert relay.answer.completion_tokens == 2
+
+
+def test_only_complete_events_are_released() -> None:
+    relay = SseRelay(Answer(), drop_usage=False, clock=lambda: 0.0)
+    assert relay.feed(b'data: {"choices":[{"del') == b""
+    assert relay.pending == b'data: {"choices":[{"del'
+    assert relay.feed(b'ta":{}}]}\n') == b""
+    assert relay.feed(b"\ndata: x") == b'data: {"choices":[{"delta":{}}]}\n\n'
+    assert relay.pending == b"data: x"
+
+
+@pytest.mark.parametrize("ending", [b"\r\n\r\n", b"\r\r", b"\n\n"])
+def test_every_sse_line_ending_is_a_boundary(ending: bytes) -> None:
+    event = b'data: {"choices":[{"delta":{"content":"x"}}]}' + ending
+    relay = SseRelay(Answer(), drop_usage=False, clock=lambda: 0.0)
+    assert relay.feed(event) == event
+    out, _ = relay_all([event[:-1], event[-1:]])
+    assert out == event
+
+
+def test_first_token_is_the_first_non_empty_content_or_reasoning() -> None:
+    chunks = [
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+        b'data: {"choices":[{"delta":{"reasoning_content":"hmm"}}]}\n\n',
+        b'data: {"choices":[{"delta":{"content":"ok"}}]}\n\n',
+    ]
+    ticks = iter([10.0, 20.0, 30.0])
+    relay = SseRelay(Answer(), drop_usage=False, clock=lambda: next(ticks))
+    relay.feed(chunks[0])
+    assert relay.first_token_at is None
+    relay.feed(chunks[1])
+    assert relay.first_token_at == 10.0
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_the_thinking_trap_is_seen_in_a_stream(field: str) -> None:
+    stream = (
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+        + b'data: {"choices":[{"delta":{"' + field.encode() + b'":"let me think"}}]}\n\n'
+        + b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\n'
+        + b"data: [DONE]\n\n"
+    )
+    _, relay = relay_all([stream])
+    assert relay.answer.thinking_trap
+
+
+def test_a_one_megabyte_event_in_one_byte_pieces_is_linear() -> None:
+    big = b"data: " + orjson.dumps({"choices": [{"delta": {"content": "x" * 1_000_000}}]}) + b"\n\n"
+    relay = SseRelay(Answer(), drop_usage=False, clock=lambda: 0.0)
+    out = [relay.feed(big[i : i + 1]) for i in range(len(big))]
+    assert b"".join(out) == big
