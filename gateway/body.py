@@ -59,7 +59,8 @@ def parse_object(raw: bytes, max_depth: int) -> dict[str, Any]:
         raise BadRequest(f"The request body is not valid JSON: {_reason(exc)}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object", code="invalid_json")
-    if _too_deep(body, max_depth):
+    # Cheap bound first: a body with fewer brackets than the limit cannot nest that deep.
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(body, max_depth):
         raise BadRequest(f"The request body is nested deeper than {max_depth} levels", code="json_too_deep")
     return body
 

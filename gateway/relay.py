@@ -22,7 +22,6 @@ from gateway.upstream import IdleTimeout, UpstreamError, UpstreamResponse
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Clock = Callable[[], float]
 
-ERROR_BODY_LIMIT = 64 * 1024  # an upstream error body is read this far and no further
 FORWARDED_MESSAGE_LIMIT = 4096
 _URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
 

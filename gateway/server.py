@@ -24,6 +24,7 @@ def uvicorn_config(app: Any, host: str, port: int, **overrides: Any) -> uvicorn.
         "server_header": False,  # nothing about the stack behind it
         "log_config": None,
         "backlog": 2048,
+        "proxy_headers": False,  # X-Forwarded-For from clients is never trusted; the gateway sets its own
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -33,11 +34,18 @@ async def run(gateway: Gateway, app: Any) -> None:
     settings = gateway.settings
     if not settings.keys() and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
-            "no GATEWAY_API_KEYS set and listening on %s: anyone who can reach it can use the fleet", settings.host
+            "no GATEWAY_API_KEYS set and listening on %s: anyone who can reach it can use the fleet",
+            settings.host,
         )
-    config = uvicorn_config(app, settings.host, settings.port, timeout_graceful_shutdown=settings.drain_seconds)
+    config = uvicorn_config(
+        app, settings.host, settings.port, timeout_graceful_shutdown=settings.drain_seconds
+    )
     servers = [uvicorn.Server(config)]
     if settings.metrics_port:
-        servers.append(uvicorn.Server(uvicorn_config(metrics_app(gateway), settings.host, settings.metrics_port)))
-    log.warning("fleet-gateway listening on http://%s:%d (routes: %s)", settings.host, settings.port, settings.routes)
+        servers.append(
+            uvicorn.Server(uvicorn_config(metrics_app(gateway), settings.host, settings.metrics_port))
+        )
+    log.warning(
+        "fleet-gateway listening on http://%s:%d (routes: %s)", settings.host, settings.port, settings.routes
+    )
     await asyncio.gather(*(server.serve() for server in servers))
