@@ -23,6 +23,7 @@ from gateway.accesslog import AccessLog
 from gateway.auth import KeyAuth
 from gateway.errors import render
 from gateway.exchange import Exchange
+from gateway.guard import HeaderLimits
 from gateway.metrics import Metrics
 from gateway.prober import Prober
 from gateway.proxy import Context, Proxy
@@ -123,7 +124,9 @@ def create_app(gateway: Gateway) -> Any:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
     )
-    return KeyAuth(Dispatch(gateway.proxy, app), gateway.settings.keys())
+    settings = gateway.settings
+    authorised = KeyAuth(Dispatch(gateway.proxy, app), settings.keys())
+    return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count)
 
 
 class Dispatch:

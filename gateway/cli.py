@@ -21,7 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--routes", type=Path, help="routing table (default: $GATEWAY_ROUTES or ./routes.yaml)")
+    serve.add_argument(
+        "--routes", type=Path, help="routing table (default: $GATEWAY_ROUTES or ./routes.yaml)"
+    )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 18000)")
 
@@ -34,9 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.command == "serve":
-        overrides = {k: v for k, v in (("routes", args.routes), ("host", args.host), ("port", args.port)) if v}
+        overrides = {
+            k: v for k, v in (("routes", args.routes), ("host", args.host), ("port", args.port)) if v
+        }
         return serve_command(settings.model_copy(update=overrides))
     if args.command == "check":
         return check_command(args.path or settings.routes)
@@ -93,7 +99,9 @@ def describe(table: Table) -> str:
             lines.append(f"      - {replica.name}  {replica.engine}  {replica.url}")
         if preset.discover is not None:
             found = preset.discover
-            lines.append(f"      - discovered from {found.dns}:{found.port} ({found.engine}) every {found.every:g}s")
+            lines.append(
+                f"      - discovered from {found.dns}:{found.port} ({found.engine}) every {found.every:g}s"
+            )
     lines.append("  tasks: " + (", ".join(f"{t} -> {p}" for t, p in table.tasks.items()) or "none"))
     lines.append(f"  default -> {table.default}; images -> {table.images or 'rejected (no vision preset)'}")
     return "\n".join(lines)

@@ -11,18 +11,19 @@ llama-server frees the slot, and no GPU time goes to an answer nobody reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway import relay
 from gateway.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.body import ClientGone, has_images, parse_object, read_body
-from gateway.errors import GatewayError, GatewayTimeout, UpstreamFailure, UpstreamServerError
+from gateway.errors import GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure, UpstreamServerError
 from gateway.exchange import Exchange
 from gateway.replicas import Fleet, Replica
 from gateway.rewrite import Endpoint, check_request, requested_task, rewrite
@@ -67,6 +68,7 @@ class Proxy:
         self.dispatcher = Dispatcher(
             context.client, self.budget, context.settings.offload_bytes, context.sleep, context.clock
         )
+        self._background: set[asyncio.Future[None]] = set()
         # Request ids: random per process, then a counter; cheaper than a uuid per request.
         self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
@@ -118,7 +120,9 @@ class Proxy:
             await self._serve(endpoint, headers, raw, ex, send)
         except asyncio.CancelledError:
             if not watch.client_left:
-                raise  # the server is stopping, not the client leaving
+                # The server is stopping and the drain period is over: say so rather than go silent.
+                await _shutdown_reply(send, ex)
+                raise
             task.uncancel()
             ex.outcome = "client_disconnected"
             ex.disconnect_phase = "streaming" if ex.headers_sent else "waiting"
@@ -159,20 +163,30 @@ class Proxy:
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
         attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline)
         try:
-            async with asyncio.timeout_at(loop_deadline):
-                response, replica = await self.dispatcher.open(attempt)
+            if preset.abort_on_disconnect:
+                async with asyncio.timeout_at(loop_deadline):
+                    response, replica = await self.dispatcher.open(attempt)
+            else:
+                response, replica = await self._open_detachable(attempt, loop_deadline)
         except TimeoutError:
             ex.outcome = "upstream_error"
             raise GatewayTimeout(
                 f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
                 code="deadline_exceeded",
             ) from None
+        detach = False
         try:
             if response.status >= 300:
                 await self._relay_status(ex, response, send)
             elif plan.stream:
                 await relay.send_stream(
-                    send, ex, response, drop_usage=plan.usage_injected, deadline=loop_deadline, clock=clock
+                    send,
+                    ex,
+                    response,
+                    drop_usage=plan.usage_injected,
+                    deadline=loop_deadline,
+                    write_timeout=settings.write_timeout,
+                    clock=clock,
                 )
             else:
                 async with asyncio.timeout_at(loop_deadline):
@@ -186,8 +200,44 @@ class Proxy:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
             raise UpstreamFailure("The replica's answer broke off", code="upstream_disconnected") from None
+        except asyncio.CancelledError:
+            # Deadlines arrive here as TimeoutError; a cancellation is the client leaving or the
+            # server stopping.
+            detach = not preset.abort_on_disconnect
+            raise
         finally:
-            await _release(response, pool.release, replica)
+            if detach:
+                self._detach(_drain(response, pool.release, replica, loop_deadline))
+            else:
+                await _release(response, pool.release, replica)
+
+    async def _open_detachable(
+        self, attempt: Attempt, loop_deadline: float
+    ) -> tuple[UpstreamResponse, Replica]:
+        """For engines that mishandle aborts (`abort_on_disconnect: false`): a client that leaves
+        before the answer starts does not cancel the replica's work; it runs on, unread."""
+
+        async def open_by_deadline() -> tuple[UpstreamResponse, Replica]:
+            async with asyncio.timeout_at(loop_deadline):
+                return await self.dispatcher.open(attempt)
+
+        opening = asyncio.ensure_future(open_by_deadline())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+
+            def finish(done: asyncio.Future[tuple[UpstreamResponse, Replica]]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    response, replica = done.result()
+                    self._detach(_drain(response, attempt.pool.release, replica, loop_deadline))
+
+            opening.add_done_callback(finish)
+            raise
+
+    def _detach(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _relay_status(self, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
         """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""
@@ -209,6 +259,32 @@ class Proxy:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         ex.headers_sent = True
         await send({"type": "http.response.body", "body": body})
+
+
+async def _shutdown_reply(send: Send, ex: Exchange) -> None:
+    ex.outcome, ex.error_code = "upstream_error", "shutdown"
+    message = f"The gateway is shutting down; request {ex.request_id} was cut off"
+    with contextlib.suppress(Exception):
+        if ex.headers_sent and ex.stream:
+            await relay.end_stream(send, ex, message, "shutdown")
+        elif not ex.headers_sent:
+            await relay.send_error(
+                send, ex, NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
+            )
+
+
+async def _drain(
+    response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
+) -> None:
+    """Let the replica finish an answer nobody reads, then give its place back."""
+    try:
+        async with asyncio.timeout_at(loop_deadline):
+            async for _ in response.chunks():
+                pass
+    except (TimeoutError, UpstreamError):
+        pass
+    finally:
+        await _release(response, release, replica)
 
 
 async def _release(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:

@@ -80,8 +80,43 @@ async def send_whole(send: Send, ex: Exchange, response: UpstreamResponse, clock
     ex.finished = clock()
 
 
+class StallGuard:
+    """Cuts off a client that stopped reading: one timer per stream, not one per chunk.
+
+    A slow reader pauses the gateway's sends (uvicorn's flow control), which pauses reads from the
+    replica (TCP backpressure); past `timeout` without progress both sides are closed, so the
+    replica's slot is not held for a client that is gone in all but name.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.sending_since: float | None = None
+        self.stalled = False
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(timeout / 2, self._check)
+
+    def _check(self) -> None:
+        since = self.sending_since
+        if since is not None and self._loop.time() - since >= self.timeout and self._task is not None:
+            self.stalled = True
+            self._task.cancel()
+            return
+        self._timer = self._loop.call_later(self.timeout / 2, self._check)
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
 async def send_stream(
-    send: Send, ex: Exchange, response: UpstreamResponse, *, drop_usage: bool, deadline: float, clock: Clock
+    send: Send,
+    ex: Exchange,
+    response: UpstreamResponse,
+    *,
+    drop_usage: bool,
+    deadline: float,
+    write_timeout: float,
+    clock: Clock,
 ) -> None:
     relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock)
     ex.status = response.status
@@ -94,6 +129,8 @@ async def send_stream(
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.headers_sent = True
     failure: str | None = None
+    guard = StallGuard(write_timeout)
+    loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout_at(deadline):
             async for chunk in response.chunks():
@@ -101,16 +138,28 @@ async def send_stream(
                 if out:
                     if ex.first_token is None and relay.first_token_at is not None:
                         ex.first_token = relay.first_token_at
+                    guard.sending_since = loop.time()
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    guard.sending_since = None
         tail = relay.flush()
         if tail:
             await send({"type": "http.response.body", "body": tail, "more_body": True})
+    except asyncio.CancelledError:
+        if not guard.stalled:
+            raise
+        # Not finishing the response makes uvicorn close the client's connection; the caller's
+        # cleanup closes the replica's.
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        ex.outcome, ex.error_code, ex.disconnect_phase = "client_disconnected", "write_timeout", "write_stall"
+        return
     except IdleTimeout:
         failure = "upstream_idle_timeout"
     except UpstreamError:
         failure = "upstream_disconnected"
     except TimeoutError:
         failure = "deadline_exceeded"
+    finally:
+        guard.close()
     if ex.first_token is None and relay.first_token_at is not None:
         ex.first_token = relay.first_token_at
     if failure is not None:
@@ -123,6 +172,13 @@ async def send_stream(
         )
     await send({"type": "http.response.body", "body": b""})
     ex.finished = clock()
+
+
+async def end_stream(send: Send, ex: Exchange, message: str, code: str) -> None:
+    """End a stream the gateway itself must stop (shutdown): one error event, no [DONE]."""
+    ex.error_code = code
+    await send({"type": "http.response.body", "body": sse_error_event(message, code), "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:

@@ -127,6 +127,13 @@ class Pool:
                 waiter.set_result(None)
                 break
 
+    def wake_all(self) -> None:
+        """After a reload, waiters re-check at once instead of waiting for a release in a dead pool."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
     def _first_free(self, pick: Pick) -> Replica | None:
         for name in pick.order:
             replica = self.get(name)
@@ -151,6 +158,8 @@ class Fleet:
         for preset in table.presets.values():
             members = [self._replica(spec, preset, table.health, old) for spec in preset.replicas]
             self.pools[preset.name] = Pool(preset, members, clock)
+        for pool in previous.pools.values() if previous else ():
+            pool.wake_all()
 
     @staticmethod
     def _replica(spec: ReplicaSpec, preset: Preset, health: Health, old: dict[str, Replica]) -> Replica:

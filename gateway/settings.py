@@ -22,6 +22,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=2)
     body_timeout: float = Field(30.0, gt=0)
+    # httptools accepts headers of any size; Envoy's edge limits are 60 KiB and 100 fields.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_header_count: int = Field(100, ge=8)
+    # A streaming client that stops reading for this long is cut off, and so is its replica.
+    write_timeout: float = Field(30.0, gt=0)
     # Bodies above this are parsed and serialised on a worker thread so the event loop keeps serving.
     offload_bytes: int = Field(1024 * 1024, ge=0)
     # Comma-separated gateway keys; or a file with one key per line. None configured = open gateway.

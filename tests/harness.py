@@ -1,0 +1,66 @@
+"""Start the gateway for a test: a routing table given as YAML text, settings as keywords.
+
+The gateway runs under uvicorn with httptools (as in production) on 127.0.0.1 in a background
+thread; the test talks to it over a real socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from gateway.accesslog import AccessLog
+from gateway.app import Gateway, build_gateway, create_app
+from gateway.settings import Settings
+from gateway.table import parse_table
+from tests.servers import ThreadServer, serve
+
+
+@dataclass
+class Running:
+    server: ThreadServer
+    gateway: Gateway
+    log: io.BytesIO
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def log_entries(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.log.getvalue().splitlines() if line.strip()]
+
+    def metrics(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.gateway.registry).decode()
+
+
+def one_replica_table(url: str, engine: str = "vllm", extra: str = "") -> str:
+    return f"""
+presets:
+  m:
+    served_model: m
+    aliases: [alias-m]
+    replicas: [{{name: r0, url: "{url}", engine: {engine}}}]
+{extra}
+routing: {{default: m}}
+"""
+
+
+@contextlib.contextmanager
+def run_gateway(routes: str, **settings: Any) -> Iterator[Running]:
+    log = io.BytesIO()
+    gateway = build_gateway(
+        Settings(**settings),
+        parse_table(routes, "test-routes.yaml"),
+        registry=CollectorRegistry(),
+        access_log=AccessLog(stream=log),
+    )
+    with serve(create_app(gateway), http="httptools") as server:
+        yield Running(server, gateway, log)
