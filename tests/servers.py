@@ -32,7 +32,6 @@ class ThreadServer:
         config.setdefault("lifespan", "on")
         self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, **config)
         self.server = uvicorn.Server(self.config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
 

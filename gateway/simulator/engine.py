@@ -1,0 +1,731 @@
+"""The pure model of one replica: rendering, caching, budgets, text and wire shapes.
+
+Nothing here sleeps or touches a socket, so every rule in BACKENDS.md that the simulator models can be
+checked with plain values. ``app.py`` adds the clock, the slots and HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+Json = dict[str, Any]
+Engine = Literal["vllm", "llamacpp"]
+
+_WORDS = "the a model token cache slot prefix block queue reply stream fleet gateway replica answer quick"
+VOCAB = (*_WORDS.split(), "steady", "small", "bright", "river", "stone", "cloud", "light", "north", "field")
+IMAGE_TOKENS = 256
+THINK_OFF = "<think>\n\n</think>\n\n"
+FINGERPRINT = "b11434-sim"
+# Compiled once: the per-request path must stay lean when the simulator is a benchmark upstream.
+_TOOL_WORDS = re.compile(r"\b(?:call|tool)\b", re.IGNORECASE)
+_SAMPLE: dict[str, Any] = {"string": "example", "integer": 1, "number": 1.5, "boolean": True, "null": None}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    engine: Engine
+    model: str
+    seed: int = 0
+    slots: int = 4
+    context: int = 32768
+    prefill_tps: float = 5000.0
+    decode_tps: float = 50.0
+    time_scale: float = 1.0
+    reasoning_tokens: int = 300
+    answer_tokens: int = 24
+    thinking_default: bool = True
+    block_size: int = 16
+    cache_blocks: int = 4096
+    prompt_tokens_details: bool = True
+    tool_parser: bool = True
+    metrics: bool = True
+    load_seconds: float = 0.0
+    api_key: str | None = None
+    chunk_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "llamacpp"):
+            raise ValueError(f"engine must be 'vllm' or 'llamacpp', not {self.engine!r}")
+        if min(self.slots, self.context, self.block_size, self.cache_blocks, self.chunk_tokens) < 1:
+            raise ValueError("slots, context, block_size, cache_blocks and chunk_tokens must be >= 1")
+        if self.prefill_tps <= 0 or self.decode_tps <= 0:
+            raise ValueError("prefill_tps and decode_tps must be > 0")
+        if min(self.time_scale, self.load_seconds, self.reasoning_tokens, self.answer_tokens) < 0:
+            raise ValueError("time_scale, load_seconds, reasoning_tokens and answer_tokens must be >= 0")
+
+
+class ApiError(Exception):
+    """A refusal with the status and body the engine's own server would send."""
+
+    def __init__(self, status: int, payload: Json) -> None:
+        super().__init__(status, payload)
+        self.status = status
+        self.payload = payload
+
+
+def vllm_error(status: int, message: str, etype: str, param: str | None = None) -> ApiError:
+    return ApiError(status, {"error": {"message": message, "type": etype, "param": param, "code": status}})
+
+
+def llama_error(status: int, message: str, etype: str, **extra: Any) -> ApiError:
+    return ApiError(status, {"error": {"code": status, "message": message, "type": etype, **extra}})
+
+
+def bad_request(cfg: SimConfig, message: str, param: str | None = None) -> ApiError:
+    if cfg.engine == "vllm":
+        return vllm_error(400, message, "BadRequestError", param)
+    return llama_error(400, message, "invalid_request_error")
+
+
+def server_error(cfg: SimConfig, status: int, message: str) -> Json:
+    if cfg.engine == "vllm":
+        etype = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+        return vllm_error(status, message, etype).payload
+    return llama_error(status, message, "unavailable_error" if status == 503 else "server_error").payload
+
+
+def n_tokens(data: bytes) -> int:
+    """The stand-in tokenizer: one token per started 4-byte slice."""
+    return (len(data) + 3) // 4
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+
+def _image(part: Json) -> str:
+    ref = part.get("image_url", part.get("image", ""))
+    url = ref.get("url", "") if isinstance(ref, dict) else ref
+    # Same image -> same bytes (a cache hit), like vLLM's multimodal hashes; 1024 bytes = 256 tokens.
+    digest = hashlib.blake2b(str(url).encode(), digest_size=32).hexdigest()
+    return "<image>" + digest * (IMAGE_TOKENS * 4 // len(digest))
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            ptype = part.get("type")
+            if ptype == "text":
+                out.append(str(part.get("text", "")))
+            elif ptype in ("image_url", "input_image", "image"):
+                out.append(_image(part))
+        return "".join(out)
+    return str(content)
+
+
+def _tool_json(cfg: SimConfig, tool: Any) -> str:
+    # Both engines rebuild the wrapper (its key order never matters) but keep `parameters` as sent.
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    fn = fn if isinstance(fn, dict) else {}
+    desc = fn.get("description", None if cfg.engine == "vllm" else "")
+    inner: Json = {"name": fn.get("name"), "description": desc, "parameters": fn.get("parameters")}
+    if cfg.engine == "vllm" and "strict" in fn:
+        inner["strict"] = fn["strict"]
+    return json.dumps({"type": "function", "function": inner}, ensure_ascii=False)
+
+
+def _call_text(call: Any) -> str:
+    fn = call.get("function", {}) if isinstance(call, dict) else {}
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        # vLLM json.loads the arguments before rendering, so their whitespace never reaches the prompt.
+        with contextlib.suppress(ValueError):
+            args = json.loads(args)
+    return "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+
+
+def render_chat(cfg: SimConfig, messages: list[Json], tools: list[Any], thinking: bool) -> str:
+    parts: list[str] = []
+    block = ""
+    if tools:
+        block = "\n\n# Tools\n\n<tools>" + "".join("\n" + _tool_json(cfg, t) for t in tools) + "\n</tools>"
+    rest = messages
+    if messages and messages[0].get("role") == "system":
+        parts.append(f"<|im_start|>system\n{_text(messages[0].get('content'))}{block}<|im_end|>\n")
+        rest = messages[1:]
+    elif block:
+        parts.append(f"<|im_start|>system\n{block.lstrip()}<|im_end|>\n")
+    for msg in rest:
+        role, content = msg.get("role"), _text(msg.get("content"))
+        calls = msg.get("tool_calls")
+        if role == "assistant" and isinstance(calls, list):
+            content += "".join(_call_text(c) for c in calls)
+        elif role == "tool":
+            role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    if not thinking:
+        parts.append(THINK_OFF)
+    return "".join(parts)
+
+
+def _thinking(cfg: SimConfig, body: Json) -> bool:
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+        value = kwargs["enable_thinking"]
+        if isinstance(value, bool):
+            return value
+        if cfg.engine == "llamacpp" and isinstance(value, str):
+            raise bad_request(cfg, 'invalid type for "enable_thinking" (expected boolean, got string)')
+        # vLLM hands a string to the template, whose `is false` test never matches it: the default wins.
+        return cfg.thinking_default
+    effort = body.get("reasoning_effort")
+    if effort == "none":
+        return False
+    if effort is not None and cfg.engine == "vllm":
+        return True
+    return cfg.thinking_default
+
+
+def _pick_tool(cfg: SimConfig, body: Json, messages: list[Json]) -> Json | None:
+    tools = body.get("tools")
+    if not tools:
+        return None
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        return None
+    if cfg.engine == "vllm" and not cfg.tool_parser:
+        if choice == "auto":
+            raise bad_request(
+                cfg, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
+        raise bad_request(cfg, "tool_choice other than 'none' requires --tool-call-parser to be set")
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        for tool in tools:
+            if isinstance(tool, dict) and (tool.get("function") or {}).get("name") == wanted:
+                return tool
+        raise bad_request(cfg, f"Tool '{wanted}' has not been passed in `tools`.", "tool_choice")
+    if choice == "required":
+        return tools[0] if isinstance(tools[0], dict) else None
+    users = [m for m in messages if m.get("role") == "user"]
+    if users and _TOOL_WORDS.search(_text(users[-1].get("content"))):
+        return tools[0] if isinstance(tools[0], dict) else None
+    return None
+
+
+def tool_arguments(tool: Json) -> str:
+    """A plausible value for every required property, by its schema type."""
+    params = (tool.get("function") or {}).get("parameters") or {}
+    props = params.get("properties") or {}
+    args: Json = {}
+    for name in params.get("required") or []:
+        spec = props.get(name) or {}
+        if spec.get("enum"):
+            args[name] = spec["enum"][0]
+            continue
+        kind = spec.get("type", "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        args[name] = [] if kind == "array" else {} if kind == "object" else _SAMPLE.get(kind, "example")
+    return json.dumps(args, ensure_ascii=False)
+
+
+# --- request preparation -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    kind: Literal["chat", "completion"]
+    stream: bool
+    include_usage: bool
+    prompt: bytes
+    prompt_tokens: int
+    thinking: bool
+    budget: int
+    tool: Json | None
+    cache_salt: str | None
+
+
+def _int_field(cfg: SimConfig, body: Json, name: str, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or value > 2**31 - 1:
+        if cfg.engine == "vllm":
+            raise vllm_error(400, f"{name} must be an integer >= {low}, got {value!r}.", "Bad Request", name)
+        raise bad_request(cfg, f'"{name}" must be an integer in [{low}, 2147483647]')
+    return value
+
+
+def _budget(cfg: SimConfig, body: Json, prompt_tokens: int) -> int:
+    ctx = cfg.context
+    if cfg.engine == "vllm":
+        mct = _int_field(cfg, body, "max_completion_tokens", 1)
+        limit = mct if mct is not None else _int_field(cfg, body, "max_tokens", 1)
+        if limit is not None and limit > ctx:
+            raise bad_request(cfg, f"max_tokens={limit} cannot be greater than max_model_len={ctx}.")
+        if prompt_tokens >= ctx:
+            raise bad_request(
+                cfg,
+                f"This model's maximum context length is {ctx} tokens. However, your prompt contains "
+                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.",
+                "input_tokens",
+            )
+    else:
+        limit = None
+        for name in ("n_predict", "max_completion_tokens", "max_tokens"):
+            if body.get(name) is not None:
+                limit = _int_field(cfg, body, name, -1)
+                break
+        if prompt_tokens >= ctx:
+            raise llama_error(
+                400,
+                f"request ({prompt_tokens} tokens) exceeds the available context size ({ctx} tokens), "
+                "try increasing it",
+                "exceed_context_size_error",
+                n_prompt_tokens=prompt_tokens,
+                n_ctx=ctx,
+            )
+    room = ctx - prompt_tokens
+    # vLLM 0.32 clamps to the room left; llama-server stops at a full context with "length".
+    return room if limit is None or limit < 0 else min(limit, room)
+
+
+def _is_json(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def prepare(
+    cfg: SimConfig, kind: Literal["chat", "completion"], raw: bytes, content_type: str | None
+) -> Prepared:
+    """Validate a request as the configured engine does and render its prompt; raise ApiError if refused."""
+    vllm = cfg.engine == "vllm"
+    if vllm and not _is_json(content_type):
+        raise vllm_error(400, "Unsupported Media Type: Only 'application/json' is allowed", "Bad Request")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if vllm:
+            raise vllm_error(400, f"JSON decode error: {exc}", "Bad Request", "body") from None
+        raise bad_request(cfg, f"Failed to parse the request body as JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request(cfg, "The request body must be a JSON object", "body")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    if vllm and options is not None and not stream:
+        raise vllm_error(
+            400, "Value error, Stream options can only be defined when `stream=True`.", "Bad Request", "body"
+        )
+    model = body.get("model")
+    if vllm and model not in (None, "", cfg.model):
+        raise vllm_error(
+            404, f"The model `{model}` does not exist. Valid aliases: {cfg.model}.", "NotFoundError", "model"
+        )
+    tool = None
+    thinking = False
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise bad_request(cfg, "'messages' is required and must be a list of objects", "body.messages")
+        tools = body.get("tools") or []
+        if not isinstance(tools, list):
+            raise bad_request(cfg, "'tools' must be a list", "body.tools")
+        kwargs = body.get("chat_template_kwargs")
+        if vllm and (body.get("chat_template") or (isinstance(kwargs, dict) and "chat_template" in kwargs)):
+            raise bad_request(
+                cfg,
+                "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                "Refused request with untrusted chat template.",
+            )
+        thinking = _thinking(cfg, body)
+        tool = _pick_tool(cfg, body, messages)
+        prompt = render_chat(cfg, messages, tools, thinking).encode()
+    else:
+        raw_prompt = body.get("prompt")
+        if isinstance(raw_prompt, str):
+            prompt = raw_prompt.encode()
+        elif isinstance(raw_prompt, list) and raw_prompt and all(isinstance(p, str) for p in raw_prompt):
+            prompt = "".join(raw_prompt).encode()
+        elif isinstance(raw_prompt, list) and raw_prompt and all(type(p) is int for p in raw_prompt):
+            # Token ids: exactly one 4-byte slice each, so counts match what the client sent.
+            prompt = b"".join((p & 0xFFFFFFFF).to_bytes(4, "little") for p in raw_prompt)
+        else:
+            raise bad_request(cfg, "'prompt' is required: a string, a list of strings or token ids", "prompt")
+    count = n_tokens(prompt)
+    salt = body.get("cache_salt") if vllm else None
+    return Prepared(
+        kind=kind,
+        stream=stream,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        prompt=prompt,
+        prompt_tokens=count,
+        thinking=thinking,
+        budget=_budget(cfg, body, count),
+        tool=tool,
+        cache_salt=salt if isinstance(salt, str) else None,
+    )
+
+
+# --- generation --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    reasoning: tuple[str, ...]
+    content: tuple[str, ...]
+    tool_call: Json | None
+    tool_tokens: int
+    finish_reason: str
+    answered: bool  # False when the budget ran out before the answer (content is then empty/null)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.reasoning) + len(self.content) + self.tool_tokens
+
+    def text(self) -> str:
+        return " ".join((*self.reasoning, *self.content))
+
+
+def generate(cfg: SimConfig, prep: Prepared, counter: int) -> Output:
+    """Deterministic output for request number ``counter``: reasoning first, charged to the budget."""
+    budget = prep.budget
+    n_reason = min(cfg.reasoning_tokens, budget) if prep.thinking else 0
+    left = budget - n_reason
+    call: Json | None = None
+    tool_tokens = n_content = 0
+    if prep.thinking and cfg.reasoning_tokens > 0 and left <= 0:
+        finish = "length"  # the "thinking ate max_tokens" trap
+    elif prep.tool is not None:
+        name = (prep.tool.get("function") or {}).get("name")
+        args = tool_arguments(prep.tool)
+        need = n_tokens(f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'.encode())
+        if need <= left:
+            call = {
+                "id": f"call_{counter}",
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
+            tool_tokens, finish = need, "tool_calls"
+        else:
+            finish = "length"
+    else:
+        n_content = min(cfg.answer_tokens, left)
+        finish = "stop" if n_content == cfg.answer_tokens else "length"
+    words = random.Random(cfg.seed * 2**32 + counter).choices(VOCAB, k=n_reason + n_content)
+    answered = call is None and (finish == "stop" or n_content > 0)
+    return Output(tuple(words[:n_reason]), tuple(words[n_reason:]), call, tool_tokens, finish, answered)
+
+
+# --- prefix caches -----------------------------------------------------------------------------------
+
+
+class BlockCache:
+    """vLLM's hash-chained full blocks in an LRU; hits are whole blocks, at most n-1 tokens."""
+
+    def __init__(self, block_size: int, capacity: int) -> None:
+        self.block_size = block_size
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def match_and_insert(self, prompt: bytes, salt: str | None = None) -> int:
+        size = 4 * self.block_size
+        count = n_tokens(prompt)
+        parent = hash(("salt", salt))
+        hashes = []
+        for i in range(count // self.block_size):
+            parent = hash((parent, prompt[i * size : (i + 1) * size]))
+            hashes.append(parent)
+        hits = 0
+        for h in hashes[: (count - 1) // self.block_size]:
+            if h not in self.blocks:
+                break
+            hits += 1
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+        return hits * self.block_size
+
+    def reset(self) -> None:
+        self.blocks.clear()
+
+
+def common_tokens(a: bytes, b: bytes) -> int:
+    """Tokens shared by two byte strings: whole equal 4-byte slices (a partial last one only if equal)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # binary search over memcmp'd prefixes: fast for long prompts
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return n_tokens(a) if lo == len(a) == len(b) else lo // 4
+
+
+class SlotCache:
+    """llama-server's one cached token list per slot; an idle slot is chosen by longest common prefix."""
+
+    def __init__(self, slots: int) -> None:
+        self.data = [b""] * slots
+        self.used = [0] * slots
+        self.tick = 0
+
+    def pick(self, idle: Iterable[int], prompt: bytes) -> tuple[int, int]:
+        """(slot, cached tokens): the best LCP among idle slots, else the least recently used one."""
+        shared, _, neg = max((common_tokens(self.data[s], prompt), -self.used[s], -s) for s in idle)
+        best = -neg  # ties: least recently used, then the lowest id
+        self.tick += 1
+        self.used[best] = self.tick
+        return best, min(shared, max(n_tokens(prompt) - 1, 0))
+
+    def store(self, slot: int, data: bytes) -> None:
+        self.data[slot] = data
+
+    def reset(self) -> None:
+        self.data = [b""] * len(self.data)
+        self.used = [0] * len(self.used)
+
+
+# --- wire shapes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Everything a response needs once the prompt is prefilled."""
+
+    rid: str
+    created: int
+    prep: Prepared
+    out: Output
+    cached_tokens: int
+
+
+def usage(cfg: SimConfig, r: Reply) -> Json:
+    prompt, done = r.prep.prompt_tokens, r.out.completion_tokens
+    details: Json | None = {"cached_tokens": r.cached_tokens}
+    if cfg.engine == "vllm" and not cfg.prompt_tokens_details:
+        details = None
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + done,
+        "completion_tokens": done,
+        "prompt_tokens_details": details,
+    }
+
+
+def timings(cfg: SimConfig, r: Reply) -> Json:
+    """llama-server's `timings`, from the simulated rates (not the scaled wall clock)."""
+    prompt_n, predicted = r.prep.prompt_tokens - r.cached_tokens, r.out.completion_tokens
+    prompt_ms, predicted_ms = prompt_n / cfg.prefill_tps * 1000, predicted / cfg.decode_tps * 1000
+    return {
+        "cache_n": r.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": 1000 / cfg.prefill_tps,
+        "prompt_per_second": cfg.prefill_tps,
+        "predicted_n": predicted,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": 1000 / cfg.decode_tps,
+        "predicted_per_second": cfg.decode_tps,
+    }
+
+
+def _content(cfg: SimConfig, out: Output) -> str | None:
+    if out.tool_call is not None or (not out.answered and cfg.engine == "vllm"):
+        return None  # vLLM's reasoning parser yields no content when </think> never came
+    return " ".join(out.content)
+
+
+def _envelope(cfg: SimConfig, r: Reply, obj: str, choices: list[Json]) -> Json:
+    if cfg.engine == "vllm":
+        return {"id": r.rid, "object": obj, "created": r.created, "model": cfg.model, "choices": choices}
+    return {
+        "choices": choices,
+        "created": r.created,
+        "id": r.rid,
+        "model": cfg.model,
+        "system_fingerprint": FINGERPRINT,
+        "object": obj,
+    }
+
+
+def response(cfg: SimConfig, r: Reply) -> Json:
+    """The non-streaming body."""
+    out, vllm = r.out, cfg.engine == "vllm"
+    choice: Json
+    if r.prep.kind == "chat":
+        msg: Json = {"role": "assistant", "content": _content(cfg, out)}
+        reasoning = " ".join(out.reasoning)
+        calls = [out.tool_call] if out.tool_call else []
+        if vllm:
+            msg.update(refusal=None, annotations=None, audio=None, function_call=None, tool_calls=calls)
+            msg["reasoning"] = reasoning or None
+        else:
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+            if calls:
+                msg["tool_calls"] = calls
+        choice = {"index": 0, "message": msg, "logprobs": None, "finish_reason": out.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = dict(index=0, text=" ".join(out.content), logprobs=None, finish_reason=out.finish_reason)
+        obj = "text_completion"
+    if vllm:
+        choice["stop_reason"] = None
+        choice["token_ids" if obj == "chat.completion" else "prompt_logprobs"] = None
+    body = _envelope(cfg, r, obj, [choice])
+    body["usage"] = usage(cfg, r)
+    if vllm:
+        body.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+        if obj == "chat.completion":
+            body.update(prompt_logprobs=None, prompt_token_ids=None)
+    else:
+        body["timings"] = timings(cfg, r)
+    return body
+
+
+def _pieces(cfg: SimConfig, r: Reply) -> Iterator[tuple[int, Json]]:
+    """(tokens, delta) groups of at most chunk_tokens tokens, never mixing reasoning and content."""
+    field = "reasoning" if cfg.engine == "vllm" else "reasoning_content"
+    step = cfg.chunk_tokens
+    for name, words in ((field, r.out.reasoning), ("content", r.out.content)):
+        for i in range(0, len(words), step):
+            text = " ".join(words[i : i + step])
+            yield len(words[i : i + step]), {name: text if i == 0 else " " + text}
+    if r.out.tool_call is not None:
+        yield r.out.tool_tokens, {"tool_calls": [{"index": 0, **r.out.tool_call}]}
+
+
+def _sse(data: Json) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def stream_events(cfg: SimConfig, r: Reply) -> Iterator[tuple[int, bytes]]:
+    """(tokens generated before this event, SSE event bytes), ending with ``data: [DONE]``."""
+    vllm, chat = cfg.engine == "vllm", r.prep.kind == "chat"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    finish = r.out.finish_reason
+
+    def choice(delta: Json, reason: str | None) -> Json:
+        if not chat:
+            c: Json = dict(index=0, text=delta.get("content", ""), logprobs=None, finish_reason=reason)
+            if vllm:
+                c["stop_reason"] = None
+            return c
+        c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        if vllm and reason is not None:
+            c["stop_reason"] = None
+        return c
+
+    if chat:
+        first = _envelope(cfg, r, obj, [choice({"role": "assistant", "content": "" if vllm else None}, None)])
+        if vllm:
+            first["prompt_token_ids"] = None
+        yield 0, _sse(first)
+    groups = list(_pieces(cfg, r))
+    for i, (count, delta) in enumerate(groups):
+        # vLLM puts finish_reason on the chunk of the last token; llama-server sends an empty one after.
+        reason = finish if vllm and i == len(groups) - 1 else None
+        yield count, _sse(_envelope(cfg, r, obj, [choice(delta, reason)]))
+    tail: list[Json] = []
+    if not vllm or not groups:
+        tail.append(_envelope(cfg, r, obj, [choice({}, finish)]))
+    if r.prep.include_usage:
+        tail.append({**_envelope(cfg, r, obj, []), "usage": usage(cfg, r)})
+    if tail and not vllm:
+        tail[-1]["timings"] = timings(cfg, r)
+    for event in tail:
+        yield 0, _sse(event)
+    yield 0, DONE
+
+
+# --- info and metrics --------------------------------------------------------------------------------
+
+
+def vllm_models(cfg: SimConfig, created: int) -> Json:
+    perm = {"id": "modelperm-sim", "object": "model_permission", "created": created, "allow_sampling": True}
+    card: Json = {"id": cfg.model, "object": "model", "created": created, "owned_by": "vllm"}
+    card.update(root=f"/models/{cfg.model}", parent=None, max_model_len=cfg.context, permission=[perm])
+    return {"object": "list", "data": [card]}
+
+
+def llama_models(cfg: SimConfig, created: int, loading: bool) -> Json:
+    meta: Json = {
+        "vocab_type": 2,
+        "n_vocab": 151936,
+        "n_ctx": cfg.context,
+        "n_ctx_train": max(cfg.context, 40960),
+    }
+    meta.update(n_embd=1024, n_params=596049920, size=639446688, ftype=7)
+    modalities = {"input_modalities": ["text"], "output_modalities": ["text"]}
+    entry: Json = {"id": cfg.model, "aliases": [cfg.model], "tags": [], "object": "model"}
+    entry.update(
+        architecture=modalities, created=created, owned_by="llamacpp", meta=None if loading else meta
+    )
+    ollama = {"name": cfg.model, "model": cfg.model, "type": "model", "capabilities": ["completion"]}
+    return {"models": [ollama], "object": "list", "data": [entry]}
+
+
+def llama_props(cfg: SimConfig) -> Json:
+    return {
+        "default_generation_settings": {"id": 0, "n_ctx": cfg.context, "params": {"n_predict": -1}},
+        "total_slots": cfg.slots,
+        "model_alias": cfg.model,
+        "model_path": f"/models/{cfg.model}.gguf",
+        "chat_template": "{# ChatML, Qwen3-style enable_thinking #}",
+        "chat_template_caps": {"supports_tools": True, "supports_system_role": True},
+        "modalities": {"vision": False, "audio": False},
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "build_info": FINGERPRINT,
+        "is_sleeping": False,
+    }
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_METRICS = {  # name: (type, help); counters get the `_total` suffix on the sample line
+    "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
+    "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+    "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+    "vllm:prefix_cache_queries": ("counter", "Prefix cache queries, in terms of number of queried tokens."),
+    "vllm:prefix_cache_hits": ("counter", "Prefix cache hits, in terms of number of cached tokens."),
+    "vllm:prompt_tokens": ("counter", "Number of prefill tokens processed."),
+    "vllm:prompt_tokens_cached": ("counter", "Number of cached prompt tokens (local prefix cache)."),
+    "vllm:generation_tokens": ("counter", "Number of generation tokens processed."),
+    "llamacpp:prompt_tokens": ("counter", "Number of prompt tokens processed."),
+    "llamacpp:prompt_seconds": ("counter", "Prompt process time"),
+    "llamacpp:prompt_tokens_cached": ("counter", "Number of prompt tokens served from the cache."),
+    "llamacpp:tokens_predicted": ("counter", "Number of generation tokens processed."),
+    "llamacpp:tokens_predicted_seconds": ("counter", "Predict process time"),
+    "llamacpp:requests_processing": ("gauge", "Number of requests processing."),
+    "llamacpp:requests_deferred": ("gauge", "Number of requests deferred."),
+}
+
+
+def prometheus(values: dict[str, float], labels: str = "") -> str:
+    lines = []
+    for name, value in values.items():
+        kind, text = _METRICS[name]
+        suffix = "_total" if kind == "counter" else ""
+        lines += [f"# HELP {name}{suffix} {text}", f"# TYPE {name}{suffix} {kind}"]
+        lines.append(f"{name}{suffix}{labels} {float(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def vllm_labels(cfg: SimConfig) -> str:
+    return f'{{engine="0",model_name="{_label(cfg.model)}"}}'
