@@ -8,7 +8,11 @@ def test_vllm_usage_with_prompt_details() -> None:
     answer.read_message(
         {
             "choices": [{"message": {"content": "hi", "reasoning": None}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}},
+            "usage": {
+                "prompt_tokens": 10,
+                "completion_tokens": 2,
+                "prompt_tokens_details": {"cached_tokens": 8},
+            },
         }
     )
     assert (answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens) == (10, 2, 8)

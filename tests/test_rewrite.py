@@ -243,7 +243,7 @@ chat_body = st.fixed_dictionaries(
         "max_tokens": st.integers(1, 100_000),
         "max_completion_tokens": st.integers(1, 100_000),
         "chat_template_kwargs": st.dictionaries(
-            st.sampled_from(["enable_thinking", "custom", "x"]), st.booleans() | st.integers()
+            st.sampled_from(["enable_thinking", "custom", "x"]), st.booleans() | st.integers(-1000, 1000)
         ),
         "temperature": st.floats(0, 2),
         "task": st.text(max_size=5),

@@ -77,7 +77,9 @@ def test_first_token_is_the_first_non_empty_content_or_reasoning() -> None:
 def test_the_thinking_trap_is_seen_in_a_stream(field: str) -> None:
     stream = (
         b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
-        + b'data: {"choices":[{"delta":{"' + field.encode() + b'":"let me think"}}]}\n\n'
+        + b'data: {"choices":[{"delta":{"'
+        + field.encode()
+        + b'":"let me think"}}]}\n\n'
         + b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\n'
         + b"data: [DONE]\n\n"
     )
