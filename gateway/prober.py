@@ -58,9 +58,8 @@ class Prober:
         before = replica.health.status
         replica.health.on_probe(result, self._clock())
         if replica.health.status is not before:
-            log.warning(
-                "replica %s is %s (%s)", replica.name, replica.health.status.value, replica.health.last_reason
-            )
+            level = logging.INFO if replica.health.status.value == "up" else logging.WARNING
+            log.log(level, "replica %s is %s (%s)", replica.name, replica.health.status.value, replica.health.last_reason)
         if result == "ok" and (replica.context is None or self.cycles % MODELS_EVERY == 0):
             await self.read_models(replica)
         return result
