@@ -36,7 +36,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "error_code": ex.error_code,
         "disconnect_phase": ex.disconnect_phase,
         "rewrites": [text for _, text in ex.rewrites],
-        "warnings": ex.warnings,
+        "warnings": [message for _, message in ex.warnings],
         "attempts": ex.attempts,
         "retries": ex.retries,
         "pick": ex.pick_reason or None,

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway import status
 from gateway.accesslog import AccessLog
 from gateway.auth import KeyAuth
 from gateway.errors import render
@@ -27,6 +29,7 @@ from gateway.guard import HeaderLimits
 from gateway.metrics import Metrics
 from gateway.prober import Prober
 from gateway.proxy import Context, Proxy
+from gateway.recent import Recent
 from gateway.replicas import Fleet
 from gateway.rewrite import Endpoint
 from gateway.settings import Settings
@@ -34,6 +37,9 @@ from gateway.table import Table, TableError, load_table
 from gateway.upstream import UpstreamClient, create_client
 
 log = logging.getLogger("gateway")
+
+UI_PAGE = Path(__file__).parent / "ui" / "index.html"
+NO_STORE = {"cache-control": "no-store"}
 
 
 @dataclass
@@ -47,11 +53,15 @@ class Gateway:
     access_log: AccessLog
     clock: Callable[[], float] = time.monotonic
     metrics: Metrics = field(init=False)
+    recent: Recent = field(init=False)
+    started: float = field(init=False)
     proxy: Proxy = field(init=False)
     prober: Prober = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.registry, lambda: self.fleet)
+        self.recent = Recent(self.clock)
+        self.started = self.clock()
         self.proxy = Proxy(
             Context(self.settings, lambda: self.fleet, self.client, self.record, clock=self.clock)
         )
@@ -59,6 +69,7 @@ class Gateway:
 
     def record(self, ex: Exchange) -> None:
         self.metrics.record(ex)
+        self.recent.record(ex)
         self.access_log.write(ex)
 
     def reload(self) -> Table:
@@ -116,6 +127,8 @@ def create_app(gateway: Gateway) -> Any:
         Route("/v1/models", _models, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
         Route("/ready", _ready, methods=["GET"]),
+        Route("/ui", _ui_page, methods=["GET"]),
+        Route("/ui/state", _ui_state, methods=["GET"]),
     ]
     if gateway.settings.metrics_port == 0:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -215,6 +228,16 @@ async def _ready(request: Request) -> Response:
     if missing:
         return _json({"status": "not_ready", "not_ready": missing}, status=503)
     return _json({"status": "ready"})
+
+
+async def _ui_page(request: Request) -> Response:
+    return Response(UI_PAGE.read_bytes(), media_type="text/html; charset=utf-8", headers=NO_STORE)
+
+
+async def _ui_state(request: Request) -> Response:
+    gateway = _gateway(request)
+    payload = status.state(gateway.fleet, gateway.recent, gateway.started)
+    return Response(orjson.dumps(payload), media_type="application/json", headers=NO_STORE)
 
 
 async def _metrics(request: Request) -> Response:

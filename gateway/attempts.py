@@ -194,7 +194,7 @@ class Dispatcher:
         ex.upstream_errors.append(kind)
         ex.failed_replica = replica.name
         if replica.health.on_outcome(outcome, self.clock()):
-            ex.warnings.append(f"ejected {replica.name}")
+            ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
 
     async def _encode(self, attempt: Attempt, context: int | None) -> bytes:
         """Serialise once per distinct context cap; large bodies on a thread."""

@@ -18,7 +18,8 @@ from gateway.relay import send_error
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
+# The status page itself holds no data (it asks for the key and sends it with /ui/state).
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui"})
 
 
 def key_matches(presented: str, keys: frozenset[str]) -> bool:

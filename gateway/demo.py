@@ -130,7 +130,7 @@ def banner(url: str) -> str:
             """      -d '{"model": "coder", "messages": [{"role": "user", "content": "Say hello"}]}'""",
             "",
             "  Streaming, by task instead of model:",
-            f"    curl -sN {url}/v1/chat/completions -H 'content-type: application/json' -H 'x-task: bulk' \\",
+            f"    curl -sN {url}/v1/chat/completions -H 'x-task: bulk' -H 'content-type: application/json' \\",
             """      -d '{"messages": [{"role": "user", "content": "Say hello"}], "stream": true}'""",
             "",
             f"  OpenAI client: OpenAI(base_url='{url}/v1', api_key='unused')",

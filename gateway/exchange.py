@@ -29,7 +29,7 @@ class Exchange:
     error_code: str | None = None
     disconnect_phase: str | None = None
     rewrites: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message)
     attempts: int = 0
     retries: list[str] = field(default_factory=list)
     upstream_errors: list[str] = field(default_factory=list)

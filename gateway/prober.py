@@ -59,7 +59,13 @@ class Prober:
         replica.health.on_probe(result, self._clock())
         if replica.health.status is not before:
             level = logging.INFO if replica.health.status.value == "up" else logging.WARNING
-            log.log(level, "replica %s is %s (%s)", replica.name, replica.health.status.value, replica.health.last_reason)
+            log.log(
+                level,
+                "replica %s is %s (%s)",
+                replica.name,
+                replica.health.status.value,
+                replica.health.last_reason,
+            )
         if result == "ok" and (replica.context is None or self.cycles % MODELS_EVERY == 0):
             await self.read_models(replica)
         return result

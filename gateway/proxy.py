@@ -91,6 +91,8 @@ class Proxy:
                 self.budget.retrying -= 1
             if ex.finished is None:
                 ex.finished = self.ctx.clock()
+            if ex.answer.thinking_trap:
+                ex.warnings.append(("thinking_trap", relay.TRAP_WARNING))
             self.ctx.record(ex)
 
     async def _handle(

@@ -23,6 +23,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Clock = Callable[[], float]
 
 FORWARDED_MESSAGE_LIMIT = 4096
+TRAP_WARNING = "reasoning consumed max_tokens"
+TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
 _URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
 
 
@@ -170,6 +172,9 @@ async def send_stream(
         await send(
             {"type": "http.response.body", "body": sse_error_event(message, failure), "more_body": True}
         )
+    elif ex.answer.thinking_trap:
+        # The headers are long gone; an SSE comment is ignored by clients, seen in the raw stream.
+        await send({"type": "http.response.body", "body": TRAP_COMMENT, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
     ex.finished = clock()
 
@@ -187,8 +192,7 @@ def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
     if answer.cached_tokens is not None:
         headers.append((b"x-gateway-cached-tokens", str(answer.cached_tokens).encode()))
     if answer.thinking_trap:
-        ex.warnings.append("reasoning consumed max_tokens")
-        headers.append((b"x-gateway-warning", b"reasoning consumed max_tokens"))
+        headers.append((b"x-gateway-warning", TRAP_WARNING.encode()))
     return headers
 
 
