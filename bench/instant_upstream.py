@@ -1,0 +1,91 @@
+"""An upstream that costs almost nothing: fixed answers from a raw asyncio protocol on uvloop.
+
+Benchmarks measure the gateway, not the replica: this answers `POST` with a fixed chat completion
+(or, for `"stream": true`, N SSE chunks) and `GET /health` with 200, with keep-alive, in a few
+microseconds of CPU. Run it on its own core: `taskset -c 1 python bench/instant_upstream.py PORT`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import orjson
+
+COMPLETION = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+)
+MODELS = orjson.dumps({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 32768}]})
+
+
+def _response(body: bytes, content_type: bytes = b"application/json") -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (content_type, len(body))
+    return head + body
+
+
+def stream_response(chunks: int) -> bytes:
+    event = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % chunks
+    parts = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"]
+    # One HTTP chunk per event, as a real replica sends them.
+    for piece in [event] * chunks + [usage, b"data: [DONE]\n\n"]:
+        parts.append(b"%x\r\n%s\r\n" % (len(piece), piece))
+    parts.append(b"0\r\n\r\n")
+    return b"".join(parts)
+
+
+class InstantUpstream(asyncio.Protocol):
+    chunks = 64
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.answers = {
+            False: _response(COMPLETION),
+            True: stream_response(self.chunks),
+        }
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end].lower()
+            length = 0
+            at = head.find(b"content-length:")
+            if at >= 0:
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0])
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            assert self.transport is not None
+            if head.startswith(b"get /health"):
+                self.transport.write(_response(b""))
+            elif head.startswith(b"get /v1/models"):
+                self.transport.write(_response(MODELS))
+            else:
+                self.transport.write(self.answers[b'"stream":true' in body])
+
+
+async def serve(port: int, chunks: int = 64) -> None:
+    InstantUpstream.chunks = chunks
+    server = await asyncio.get_running_loop().create_server(InstantUpstream, "127.0.0.1", port, backlog=4096)
+    await server.serve_forever()
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 64))
