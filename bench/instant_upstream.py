@@ -31,7 +31,8 @@ def _response(body: bytes, content_type: bytes = b"application/json") -> bytes:
 
 
 def stream_response(chunks: int) -> bytes:
-    event = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    delta = b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}'
+    event = b"data: " + delta + b"\n\n"
     usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % chunks
     parts = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"]
     # One HTTP chunk per event, as a real replica sends them.
