@@ -6,6 +6,7 @@ accept `Host: localhost/v1/models?`, which is how vLLM's own check was bypassed 
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -51,6 +52,8 @@ class KeyAuth:
             return
         token = bearer(scope)
         if token is not None and key_matches(token, self.keys):
+            # Who the client is, for per-client figures (prefix churn), without keeping the key.
+            scope["gateway.client"] = "key:" + hashlib.sha256(token.encode()).hexdigest()[:8]
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if token is None else "Invalid API key"

@@ -35,7 +35,10 @@ class Exchange:
     upstream_errors: list[str] = field(default_factory=list)
     failed_replica: str = ""
     pick_reason: str = ""
-    prefix: str = ""
+    prefix: str = ""  # the prefix fingerprint
+    prefix_found: list[str] = field(default_factory=list)  # kinds of volatile content
+    prefix_churn: bool = False
+    client_id: str = ""
     upstream_sent: float | None = None
     first_token: float | None = None
     finished: float | None = None

@@ -110,6 +110,18 @@ class Metrics:
         self.picks = Counter(
             "gateway_balancer_picks", "Balancer decisions by reason.", ["preset", "reason"], registry=registry
         )
+        self.prefix_volatile = Counter(
+            "gateway_prefix_volatile",
+            "Requests whose system prompt held volatile content (timestamps, ids), by kind.",
+            ["preset", "kind"],
+            registry=registry,
+        )
+        self.prefix_churn = Counter(
+            "gateway_prefix_churn",
+            "Requests whose prefix fingerprint differs from the same client's previous one.",
+            ["preset"],
+            registry=registry,
+        )
         registry.register(_FleetCollector(fleet))
 
     def record(self, ex: Exchange) -> None:
@@ -125,6 +137,10 @@ class Metrics:
             self.retries.labels(preset, reason).inc()
         if ex.pick_reason:
             self.picks.labels(preset, ex.pick_reason).inc()
+        for kind in ex.prefix_found:
+            self.prefix_volatile.labels(preset, kind).inc()
+        if ex.prefix_churn:
+            self.prefix_churn.labels(preset).inc()
         if ex.outcome == "client_disconnected":
             self.disconnects.labels(preset, ex.disconnect_phase or "waiting").inc()
         for kind in ex.upstream_errors:

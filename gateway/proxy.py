@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import re
 import time
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import relay
+from gateway import prefix, relay
 from gateway.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.body import ClientGone, has_images, parse_object, read_body
 from gateway.errors import GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure, UpstreamServerError
@@ -36,6 +37,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Recorder = Callable[[Exchange], None]
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+log = logging.getLogger("gateway.prefix")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -69,6 +71,8 @@ class Proxy:
             context.client, self.budget, context.settings.offload_bytes, context.sleep, context.clock
         )
         self._background: set[asyncio.Future[None]] = set()
+        self.volatile = prefix.VolatileCache()
+        self.churn = prefix.ChurnTracker()
         # Request ids: random per process, then a counter; cheaper than a uuid per request.
         self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
@@ -81,6 +85,7 @@ class Proxy:
             endpoint=endpoint,
             started=self.ctx.clock(),
             client=client[0] if client else "",
+            client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
         )
         self.budget.active += 1
         try:
@@ -160,10 +165,11 @@ class Proxy:
         plan = rewrite(body, preset, endpoint, want_usage=True)
         ex.rewrites.extend(plan.notes)
         ex.stream = plan.stream
+        key = self._prefix(body, ex, preset.name, preset.prefix.volatile, headers)
         pool = fleet.pools[preset.name]
         deadline = clock() + preset.timeouts.read
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
-        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline)
+        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key)
         try:
             if preset.abort_on_disconnect:
                 async with asyncio.timeout_at(loop_deadline):
@@ -240,6 +246,30 @@ class Proxy:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _prefix(
+        self, body: dict[str, Any], ex: Exchange, preset: str, mode: str, headers: dict[str, str]
+    ) -> str:
+        """Volatile content, the prefix fingerprint and churn; returns the affinity key."""
+        user = body.get("user")
+        session = headers.get("x-session-id") or (user if isinstance(user, str) and user else None)
+        report = prefix.apply(body, mode, preset, self.volatile, session)
+        ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
+        if report.kinds and mode in ("move", "strip"):
+            action = "moved" if report.moved else "stripped" if mode == "strip" else "found"
+            ex.rewrites.append((f"prefix_{action}", f"prefix={action}:" + "+".join(report.kinds)))
+        client = ex.client_id + (f"/{session}" if session else "")
+        ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
+        if report.kinds and self.churn.first_report(client, report.fingerprint):
+            log.warning(
+                "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
+                "its prefix cache cannot hit; see the README's 'Prefix cache' section",
+                ",".join(report.kinds),
+                client,
+                preset,
+                report.fingerprint,
+            )
+        return report.affinity_key or ""
 
     async def _relay_status(self, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
         """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""

@@ -39,6 +39,9 @@ def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
         headers.append((b"x-gateway-rewrites", ",".join(text for _, text in ex.rewrites).encode()))
     if ex.prefix:
         headers.append((b"x-gateway-prefix", ex.prefix.encode()))
+    if ex.prefix_found:
+        warning = "volatile content in the system prompt: " + ",".join(ex.prefix_found)
+        headers.append((b"x-gateway-prefix-warning", warning.encode()))
     return headers
 
 

@@ -155,8 +155,13 @@ class Fleet:
         self.clock = clock
         old = {r.name: r for r in previous.replicas()} if previous else {}
         self.pools: dict[str, Pool] = {}
+        shared: dict[str, Replica] = {}
         for preset in table.presets.values():
-            members = [self._replica(spec, preset, table.health, old) for spec in preset.replicas]
+            members = []
+            for spec in preset.replicas:
+                if spec.name not in shared:
+                    shared[spec.name] = self._replica(spec, preset, table.health, old)
+                members.append(shared[spec.name])
             self.pools[preset.name] = Pool(preset, members, clock)
         for pool in previous.pools.values() if previous else ():
             pool.wake_all()
@@ -172,7 +177,8 @@ class Fleet:
         return Replica(spec=spec, health=HealthState(health), max_in_flight=limit, preset=preset.name)
 
     def replicas(self) -> list[Replica]:
-        return [r for pool in self.pools.values() for r in pool.replicas]
+        """Every replica once, also one that serves several presets."""
+        return list({id(r): r for pool in self.pools.values() for r in pool.replicas}.values())
 
     def not_ready(self) -> list[str]:
         return [name for name, pool in self.pools.items() if not pool.ready()]

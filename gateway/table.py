@@ -321,7 +321,7 @@ def _cross_check(spec: RoutesFile) -> list[str]:
         elif not spec.presets[spec.routing.images].vision:
             problems.append(f"routing.images: preset '{spec.routing.images}' needs `vision: true`")
     owner: dict[str, str] = {name.casefold(): f"preset '{name}'" for name in spec.presets}
-    replica_owner: dict[str, str] = {}
+    replica_owner: dict[str, tuple[str, ReplicaSpec]] = {}
     for name, preset in spec.presets.items():
         if not preset.replicas and preset.discover is None:
             problems.append(f"presets.{name}: list `replicas` or set `discover`")
@@ -332,12 +332,15 @@ def _cross_check(spec: RoutesFile) -> list[str]:
             else:
                 owner[key] = f"an alias of preset '{name}'"
         for index, replica in enumerate(preset.replicas):
-            if replica.name in replica_owner:
+            # One server may serve several presets (say, the dense model with and without
+            # thinking): the same name and spec is one replica, with one health state and one limit.
+            first = replica_owner.get(replica.name)
+            if first is not None and first[1] != replica:
                 problems.append(
-                    f"presets.{name}.replicas[{index}].name: '{replica.name}' is already a replica of "
-                    f"preset '{replica_owner[replica.name]}'; replica names must be unique"
+                    f"presets.{name}.replicas[{index}].name: '{replica.name}' is already a different replica "
+                    f"of preset '{first[0]}'; give it another name, or the same url, engine and settings"
                 )
-            replica_owner[replica.name] = name
+            replica_owner.setdefault(replica.name, (name, replica))
     return problems
 
 

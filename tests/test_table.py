@@ -93,7 +93,7 @@ def test_images_without_a_vision_preset_are_400() -> None:
         (("code: dense", "code: nope"), "tasks.code: 'nope' is not a preset"),
         (("default: dense", "default: ghost"), "routing.default: 'ghost' is not a preset"),
         (("aliases: [coder]", "aliases: [coder, vision]"), "'vision' is already used by preset 'vision'"),
-        (("name: v0", "name: d0"), "replica names must be unique"),
+        (("name: v0", "name: d0"), "'d0' is already a different replica of preset 'dense'"),
         (('"http://127.0.0.1:1"', '"ftp://x"'), "must be an http:// or https:// URL"),
         (('"http://127.0.0.1:1"', '"http://127.0.0.1:1/v1"'), "without a path"),
         (("vision: true", "vision: false"), "routing.images: preset 'vision' needs `vision: true`"),
@@ -129,3 +129,16 @@ def test_unusable_files_fail_clearly(text: str) -> None:
 def test_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="nothing.yaml: cannot read"):
         load_table(tmp_path / "nothing.yaml")
+
+
+def test_one_server_may_serve_several_presets_under_one_name() -> None:
+    text = MINIMAL.replace(
+        "tasks: {code: dense, look: vision}",
+        """  dense-think:
+    served_model: big
+    thinking: true
+    replicas: [{name: d0, url: "http://127.0.0.1:1", engine: vllm}]
+tasks: {code: dense, look: vision}""",
+    )
+    table = parse_table(text)
+    assert table.presets["dense-think"].replicas == table.presets["dense"].replicas

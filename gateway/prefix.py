@@ -1,0 +1,308 @@
+"""Prefix-cache hygiene: volatile content in system prompts, the prefix fingerprint, the affinity key.
+
+vLLM and llama.cpp reuse a cached prompt prefix only when it is identical token for token; one
+timestamp or request id in a system prompt makes every request a full prefill (a 16k prompt: 3.9 s
+instead of 0.08 s). This module finds such spans in the leading system/developer messages and,
+as the preset says, reports them (`warn`), moves them to the end of the last user message
+(`move`: the model still sees them, the prefix stays stable) or removes them (`strip`).
+
+Pure: functions of the body; the detection result is cached by the text's hash because agents
+resend the same system prompt on every call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\.?"
+_TIME = r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?[AaPp]\.?[Mm]\.?)?(?:\s?(?:Z|UTC|GMT|[+-]\d{2}:?\d{2}))?"
+# A short label before a value ("Current time: ", "request_id=") moves with it.
+_LABEL = r"(?:\b[A-Za-z][\w-]*(?:[ _][A-Za-z][\w-]*){0,3}\s*[:=]\s*)?"
+
+# Order matters: the first kind to claim a span keeps it.
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")),
+    (
+        "timestamp",  # ISO 8601 with a time
+        re.compile(
+            r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2}|\s?UTC)?(?!\d)"
+        ),
+    ),
+    (
+        "timestamp",  # RFC 2822 and `date`/ctime output
+        re.compile(
+            rf"\b{_DAY},?\s+(?:\d{{1,2}}\s+{_MONTH}|{_MONTH}\s+\d{{1,2}})\s+(?:\d{{4}}\s+{_TIME}|{_TIME}(?:\s+[A-Z]{{3,4}})?\s+\d{{4}})"
+        ),
+    ),
+    ("timestamp", re.compile(rf"\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}},?\s+{_TIME}")),
+    ("timestamp", re.compile(rf"\b{_MONTH}\s+\d{{1,2}},?\s+\d{{4}},?\s+(?:at\s+)?{_TIME}")),
+    ("date", re.compile(r"\b\d{4}-\d{2}-\d{2}\b")),
+    ("date", re.compile(rf"\b(?:{_DAY},?\s+)?{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}\b")),
+    ("date", re.compile(rf"\b(?:{_DAY},?\s+)?\d{{1,2}}(?:st|nd|rd|th)?\s+{_MONTH},?\s+\d{{4}}\b")),
+    ("date", re.compile(r"\b\d{1,2}[/.]\d{1,2}[/.]\d{4}\b")),
+    ("time", re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?:\s?(?:Z|UTC|GMT|[+-]\d{2}:?\d{2}))?\b")),
+    (
+        "epoch",  # only in context: a bare ten-digit number may be anything
+        re.compile(
+            r"(?i)\b(?:time|timestamp|epoch|ts|now|date|at|generated|created|updated|issued)"
+            r"(?:[_ ]?(?:ms|millis|seconds|secs|s))?\W{0,3}(\d{10}|\d{13})\b"
+        ),
+    ),
+    ("hex", re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{16,}\b")),
+    ("nonce", re.compile(r"(?<![\w/+-])[A-Za-z0-9+/_-]{20,}={0,2}(?![\w/+=-])")),
+)
+_EPOCH_SECONDS = (1_000_000_000, 4_000_000_000)
+_LABEL_BEFORE = re.compile(_LABEL + r"$")
+_TIDY_SPACE = re.compile(r"[ \t]{2,}")
+_TIDY_BEFORE = re.compile(r"[ \t]+([.,;:!?])")
+_TIDY_REPEAT = re.compile(r"([.,;:!?])(?:[ \t]*[.,;:!?])+")
+SYSTEM_ROLES = ("system", "developer")
+CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+    kind: str
+
+
+@dataclass
+class PrefixReport:
+    kinds: list[str] = field(default_factory=list)  # what was found, in order, without repeats
+    moved: list[str] = field(default_factory=list)  # the labelled values taken out (move)
+    fingerprint: str = ""
+    affinity_key: str | None = None
+
+
+def find_volatile(text: str) -> list[Span]:
+    """Volatile spans in `text`, without overlaps, in order."""
+    spans: list[Span] = []
+    taken: list[tuple[int, int]] = []
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            start, end = match.span()
+            if any(start < e and s < end for s, e in taken):
+                continue
+            if kind == "epoch" and not _plausible_epoch(match.group(1)):
+                continue
+            if kind == "epoch":
+                start = match.start(1)
+            if kind == "nonce" and not _random_looking(match.group(0)):
+                continue
+            taken.append((start, end))
+            spans.append(Span(start, end, kind))
+    return sorted(spans, key=lambda s: s.start)
+
+
+def _plausible_epoch(digits: str) -> bool:
+    value = int(digits)
+    low, high = _EPOCH_SECONDS
+    return low <= value < high or low * 1000 <= value < high * 1000
+
+
+def _random_looking(token: str) -> bool:
+    # A nonce has digits, both cases and high entropy; identifiers and words do not.
+    if not (
+        any(c.isdigit() for c in token)
+        and any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+    ):
+        return False
+    counts = Counter(token)
+    entropy = -sum(n / len(token) * math.log2(n / len(token)) for n in counts.values())
+    return entropy >= 4.0
+
+
+class VolatileCache:
+    """Detection results by text, LRU: agents resend the same system prompt on every call."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self._size = size
+        self._entries: OrderedDict[bytes, list[Span]] = OrderedDict()
+
+    def spans(self, text: str) -> list[Span]:
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            return hit
+        found = find_volatile(text)
+        self._entries[key] = found
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return found
+
+
+def apply(
+    body: dict[str, Any], mode: str, preset: str, cache: VolatileCache, session: str | None
+) -> PrefixReport:
+    """Detect (and for move/strip, cut) volatile spans; then fingerprint the prefix and key the session."""
+    report = PrefixReport()
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return report
+    leading = list(_leading_system(messages))
+    if mode != "off":
+        last_user = _last_user(messages)
+        cut = mode == "strip" or (mode == "move" and last_user is not None)
+        for index in leading:
+            message = messages[index]
+            for path, text in _texts(message):
+                spans = cache.spans(text)
+                if not spans:
+                    continue
+                for span in spans:
+                    if span.kind not in report.kinds:
+                        report.kinds.append(span.kind)
+                if cut:
+                    new_text, taken = _cut(text, spans)
+                    messages[index] = message = _replace(message, path, new_text)
+                    report.moved.extend(taken)
+        if mode == "move" and report.moved and last_user is not None:
+            messages[last_user] = _append(messages[last_user], "[" + "; ".join(report.moved) + "]")
+        if mode != "move":
+            report.moved = []
+    report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
+    report.affinity_key = session or _conversation_key(messages)
+    return report
+
+
+def fingerprint(preset: str, system: list[Any], tools: Any) -> str:
+    """A short, stable hash of what should not change between a client's calls."""
+    digest = hashlib.blake2b(preset.encode(), digest_size=6)
+    for message in system:
+        digest.update(orjson.dumps(message))
+    if tools is not None:
+        digest.update(orjson.dumps(tools))
+    return digest.hexdigest()
+
+
+def _conversation_key(messages: list[Any]) -> str:
+    # The conversation's root: its leading system messages and first user message. Later turns
+    # only append, so every turn of one conversation maps to the same replica, and every gateway
+    # computes the same key without sharing state.
+    digest = hashlib.blake2b(digest_size=8)
+    for message in messages:
+        digest.update(orjson.dumps(message))
+        if isinstance(message, dict) and message.get("role") == "user":
+            break
+    return digest.hexdigest()
+
+
+def _leading_system(messages: list[Any]) -> Iterator[int]:
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in SYSTEM_ROLES:
+            return
+        yield index
+
+
+def _last_user(messages: list[Any]) -> int | None:
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "user":
+            return index
+    return None
+
+
+def _texts(message: dict[str, Any]) -> Iterator[tuple[int | None, str]]:
+    content = message.get("content")
+    if isinstance(content, str):
+        yield None, content
+    elif isinstance(content, list):
+        for index, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                yield index, part["text"]
+
+
+def _replace(message: dict[str, Any], path: int | None, text: str) -> dict[str, Any]:
+    # Copies, never edits in place: the original may be shared (hypothesis, tests, caches).
+    if path is None:
+        return {**message, "content": text}
+    parts = list(message["content"])
+    parts[path] = {**parts[path], "text": text}
+    return {**message, "content": parts}
+
+
+def _append(message: dict[str, Any], line: str) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": f"{content}\n\n{line}"}
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": line}]}
+    return message
+
+
+def _cut(text: str, spans: list[Span]) -> tuple[str, list[str]]:
+    """Remove each span (with a short label before it); return the text and what was taken.
+
+    Only the lines a span touches change: they lose the span and the separators it leaves, and
+    disappear when nothing else was on them. Every other line keeps its bytes.
+    """
+    taken: list[str] = []
+    lines: list[str] = []
+    offset = 0
+    for line in text.split("\n"):
+        end = offset + len(line)
+        inside = [s for s in spans if offset <= s.start and s.end <= end]
+        if not inside:
+            lines.append(line)
+        else:
+            kept, position = [], offset
+            for span in inside:
+                start = span.start
+                label = _LABEL_BEFORE.search(text, position, start)
+                if label is not None and label.group(0):
+                    start = label.start()
+                kept.append(text[position:start])
+                taken.append(text[start : span.end].strip())
+                position = span.end
+            kept.append(text[position:end])
+            rest = _TIDY_SPACE.sub(" ", "".join(kept))
+            rest = _TIDY_REPEAT.sub(r"\1", _TIDY_BEFORE.sub(r"\1", rest)).strip(" \t,;")
+            if rest.strip(" \t.,;:-"):
+                lines.append(rest)
+        offset = end + 1
+    return "\n".join(lines), taken
+
+
+class ChurnTracker:
+    """Each client's last prefix fingerprint per preset, bounded (LRU): a change is "prefix churn".
+
+    A client here is its API key (hashed) or address, plus the session it names: one agent host
+    runs many sessions with different prompts, which is not churn.
+    """
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def observe(self, client: str, preset: str, fingerprint: str) -> bool:
+        """True when this client's fingerprint for the preset differs from its previous one."""
+        key = (client, preset)
+        previous = self._last.get(key)
+        self._last[key] = fingerprint
+        self._last.move_to_end(key)
+        if len(self._last) > self._size:
+            self._last.popitem(last=False)
+        return previous is not None and previous != fingerprint
+
+    def first_report(self, client: str, fingerprint: str) -> bool:
+        """True once per client and fingerprint: a warning worth one log line, not one per request."""
+        key = (client, fingerprint)
+        if key in self._reported:
+            return False
+        self._reported[key] = None
+        if len(self._reported) > self._size:
+            self._reported.popitem(last=False)
+        return True
