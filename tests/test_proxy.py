@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from gateway.simulator import SimConfig, create_app
 from tests.harness import Running, run_gateway
-from tests.servers import ThreadServer, serve
+from tests.servers import ThreadServer
 
 
 def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:
@@ -168,7 +169,7 @@ def test_round_robin_alternates_between_two_replicas_of_mixed_engines(client: op
         for _ in range(10)
     ]
     assert Counter(seen) == {"d0": 5, "d1": 5}
-    assert all(a != b for a, b in zip(seen, seen[1:], strict=False))
+    assert all(a != b for a, b in itertools.pairwise(seen))
 
 
 @pytest.mark.parametrize("model", ["dense", "thinker"])

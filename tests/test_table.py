@@ -116,7 +116,7 @@ def test_a_preset_needs_replicas_or_discovery() -> None:
     text = MINIMAL.replace(
         'replicas: [{name: v0, url: "http://127.0.0.1:2", engine: llamacpp}]', "replicas: []"
     )
-    with pytest.raises(TableError, match="presets.vision: list `replicas` or set `discover`"):
+    with pytest.raises(TableError, match=r"presets\.vision: list `replicas` or set `discover`"):
         parse_table(text)
 
 
@@ -127,7 +127,7 @@ def test_unusable_files_fail_clearly(text: str) -> None:
 
 
 def test_missing_file_names_it(tmp_path: Path) -> None:
-    with pytest.raises(TableError, match="nothing.yaml: cannot read"):
+    with pytest.raises(TableError, match=r"nothing\.yaml: cannot read"):
         load_table(tmp_path / "nothing.yaml")
 
 
