@@ -152,8 +152,8 @@ def apply(
     if not isinstance(messages, list):
         return report
     leading = list(_leading_system(messages))
+    last_user = _last_user(messages)
     if mode != "off":
-        last_user = _last_user(messages)
         cut = mode == "strip" or (mode == "move" and last_user is not None)
         for index in leading:
             message = messages[index]
@@ -168,12 +168,14 @@ def apply(
                     new_text, taken = _cut(text, spans)
                     messages[index] = message = _replace(message, path, new_text)
                     report.moved.extend(taken)
-        if mode == "move" and report.moved and last_user is not None:
-            messages[last_user] = _append(messages[last_user], "[" + "; ".join(report.moved) + "]")
-        if mode != "move":
-            report.moved = []
-    report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
+    # Keyed before anything is appended to the last user message: on the first turn that message is
+    # also the first, and the key must not change when the conversation grows.
     report.affinity_key = session or _conversation_key(messages)
+    if mode == "move" and report.moved and last_user is not None:
+        messages[last_user] = _append(messages[last_user], "[" + "; ".join(report.moved) + "]")
+    if mode != "move":
+        report.moved = []
+    report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
     return report
 
 

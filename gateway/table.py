@@ -53,6 +53,12 @@ class Retries(_Strict):
 class Prefix(_Strict):
     volatile: Volatile = "off"
 
+    @field_validator("volatile", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false; the user meant "off".
+        return "off" if value is False else value
+
 
 class Health(_Strict):
     interval: float = Field(5.0, gt=0)

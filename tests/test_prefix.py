@@ -223,3 +223,17 @@ def test_only_leading_system_text_and_the_last_user_message_can_change(
     for index, (before, after) in enumerate(zip(messages, out, strict=True)):
         if mode in ("off", "warn") or (index >= leading and index != last_user):
             assert orjson.dumps(after) == orjson.dumps(before), index
+
+
+def test_the_affinity_key_ignores_what_move_appends() -> None:
+    def turn(stamp: str, turns: int) -> dict[str, Any]:
+        messages = [
+            {"role": "system", "content": f"Now: 2026-12-02T10:00:{stamp}Z\nrules"},
+            {"role": "user", "content": "q1"},
+        ]
+        for i in range(1, turns):
+            messages += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"q{i + 1}"}]
+        return {"messages": messages}
+
+    keys = {apply(turn(f"0{n}", n), "move", "p", VolatileCache(), None).affinity_key for n in range(1, 5)}
+    assert len(keys) == 1

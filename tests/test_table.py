@@ -142,3 +142,8 @@ tasks: {code: dense, look: vision}""",
     )
     table = parse_table(text)
     assert table.presets["dense-think"].replicas == table.presets["dense"].replicas
+
+
+def test_a_bare_yaml_off_means_off() -> None:
+    text = MINIMAL.replace("defaults: {", "defaults: {prefix: {volatile: off}, ")
+    assert parse_table(text).presets["dense"].prefix.volatile == "off"
