@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.exchange import Exchange
+from gateway.prober import BACKEND_METRICS
 from gateway.replicas import Fleet
 
 # LLM times: a cached first token in milliseconds, a long answer in tens of minutes.
@@ -192,6 +193,17 @@ class _FleetCollector(Collector):
             "Context length reported by the replica's /v1/models.",
             labels=labels,
         )
+        hit_ratio = GaugeMetricFamily(
+            "gateway_prefix_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens, as the replica reported them since the gateway started.",
+            labels=labels,
+        )
+        backend = {
+            key: GaugeMetricFamily(
+                f"gateway_backend_{key}", f"The replica's own {key.replace('_', ' ')}.", labels=labels
+            )
+            for key in sorted(set(BACKEND_METRICS.values()))
+        }
         queue = GaugeMetricFamily(
             "gateway_queue_depth", "Requests waiting for a free replica.", labels=["preset"]
         )
@@ -212,4 +224,8 @@ class _FleetCollector(Collector):
                     probe.add_metric(values, replica.probe_latency)
                 if replica.context is not None:
                     context.add_metric(values, replica.context)
-        yield from (up, ejected, in_flight, probe, context, queue, panic)
+                if replica.prompt_tokens:
+                    hit_ratio.add_metric(values, replica.cached_tokens / replica.prompt_tokens)
+                for key, value in replica.backend_metrics.items():
+                    backend[key].add_metric(values, value)
+        yield from (up, ejected, in_flight, probe, context, hit_ratio, queue, panic, *backend.values())

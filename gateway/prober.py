@@ -68,7 +68,19 @@ class Prober:
             )
         if result == "ok" and (replica.context is None or self.cycles % MODELS_EVERY == 0):
             await self.read_models(replica)
+        if result == "ok" and config.scrape_metrics:
+            await self.read_metrics(replica)
         return result
+
+    async def read_metrics(self, replica: Replica) -> None:
+        try:
+            status, body = await self._client.get(
+                replica.url + "/metrics", _auth(replica), replica.health.config.timeout
+            )
+        except UpstreamError:
+            return
+        if status == 200:  # llama-server without --metrics answers 501: nothing to read
+            replica.backend_metrics = parse_backend_metrics(body.decode("utf-8", "replace"))
 
     async def read_models(self, replica: Replica) -> None:
         try:
@@ -100,6 +112,38 @@ def parse_models(payload: Any) -> tuple[tuple[str, ...], int | None]:
             if isinstance(value, int) and value > 0 and context is None:
                 context = value
     return tuple(ids), context
+
+
+# The replicas' own load and cache figures worth seeing beside the gateway's, by the name they get.
+BACKEND_METRICS = {
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:num_requests_running": "requests_running",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage_ratio",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "llamacpp:requests_deferred": "requests_waiting",
+    "llamacpp:requests_processing": "requests_running",
+    "llamacpp:prompt_tokens_total": "prompt_tokens_processed",
+    "llamacpp:prompt_tokens_cached_total": "prompt_tokens_cached",
+}
+
+
+def parse_backend_metrics(text: str) -> dict[str, float]:
+    """The few figures of BACKEND_METRICS from Prometheus text (summed over label sets)."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = BACKEND_METRICS.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[-1])
+        except ValueError:
+            continue
+        found[key] = found.get(key, 0.0) + value
+    return found
 
 
 def _auth(replica: Replica) -> list[tuple[str, str]]:

@@ -214,6 +214,9 @@ class Proxy:
             detach = not preset.abort_on_disconnect
             raise
         finally:
+            if ex.answer.prompt_tokens:
+                replica.prompt_tokens += ex.answer.prompt_tokens
+                replica.cached_tokens += ex.answer.cached_tokens or 0
             if detach:
                 self._detach(_drain(response, pool.release, replica, loop_deadline))
             else:

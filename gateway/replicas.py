@@ -33,7 +33,9 @@ class Replica:
     context: int | None = None  # vLLM max_model_len / llama-server meta.n_ctx, from /v1/models
     served_ids: tuple[str, ...] = ()
     probe_latency: float | None = None
-    backend_metrics: dict[str, float] = field(default_factory=dict)
+    backend_metrics: dict[str, float] = field(default_factory=dict)  # from the replica's own /metrics
+    prompt_tokens: int = 0  # reported by the replica, for its prefix-cache hit ratio
+    cached_tokens: int = 0
 
     @property
     def name(self) -> str:

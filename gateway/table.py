@@ -68,6 +68,7 @@ class Health(_Strict):
     eject_after: int = Field(3, ge=1)  # consecutive connect failures or 5xx on live traffic
     eject_base: float = Field(30.0, gt=0)
     eject_max: float = Field(300.0, gt=0)
+    scrape_metrics: bool = True  # read each replica's own /metrics on the probe cycle and re-export it
 
 
 class ReplicaSpec(_Strict):

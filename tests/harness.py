@@ -64,3 +64,16 @@ def run_gateway(routes: str, **settings: Any) -> Iterator[Running]:
     )
     with serve(create_app(gateway), http="httptools") as server:
         yield Running(server, gateway, log)
+
+
+def eventually(check: Any, timeout: float = 5.0, interval: float = 0.01) -> Any:
+    """Poll `check()` until it returns something truthy (bounded); the gateway records a request just
+    after its last byte is sent, so a client can be a moment ahead of the metrics and the log."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import Running, run_gateway
+from tests.harness import Running, eventually, run_gateway
 from tests.servers import ThreadServer
 
 
@@ -81,7 +81,9 @@ def test_warn_mode_names_the_volatile_content_and_counts_it(client: openai.OpenA
     )
     assert raw.headers["x-gateway-prefix-warning"] == "volatile content in the system prompt: timestamp"
     assert len(raw.headers["x-gateway-prefix"]) == 12
-    assert 'gateway_prefix_volatile_total{kind="timestamp",preset="warned"}' in gw.metrics()
+    assert eventually(
+        lambda: 'gateway_prefix_volatile_total{kind="timestamp",preset="warned"}' in gw.metrics()
+    )
 
 
 def test_move_mode_keeps_the_prefix_byte_stable_and_the_cache_hitting(
@@ -120,9 +122,11 @@ def test_without_move_the_changing_timestamp_defeats_the_cache(
 def test_prefix_churn_is_counted_per_client(client: openai.OpenAI, gw: Running) -> None:
     for stamp in ("01", "02", "03"):
         client.chat.completions.create(model="warned", messages=system(f"2026-12-02T10:00:{stamp}Z"))
-    assert 'gateway_prefix_churn_total{preset="warned"}' in gw.metrics()
-    entries = [e for e in gw.log_entries() if e["preset"] == "warned"]
-    assert entries[-1]["prefix_churn"] is True and entries[-1]["client_id"] == "ip:127.0.0.1"
+    assert eventually(lambda: 'gateway_prefix_churn_total{preset="warned"}' in gw.metrics())
+    entries = eventually(
+        lambda: [e for e in gw.log_entries() if e["preset"] == "warned" and e["prefix_churn"]]
+    )
+    assert entries[-1]["client_id"] == "ip:127.0.0.1"
 
 
 def conversation(index: int, turns: int) -> list[dict[str, Any]]:
