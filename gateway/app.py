@@ -23,6 +23,7 @@ from starlette.routing import Route
 from gateway import status
 from gateway.accesslog import AccessLog
 from gateway.auth import KeyAuth
+from gateway.discovery import Discovery, Resolver, resolve
 from gateway.errors import render
 from gateway.exchange import Exchange
 from gateway.guard import HeaderLimits
@@ -57,6 +58,8 @@ class Gateway:
     started: float = field(init=False)
     proxy: Proxy = field(init=False)
     prober: Prober = field(init=False)
+    discovery: Discovery = field(init=False)
+    resolver: Resolver = resolve
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.registry, lambda: self.fleet)
@@ -66,6 +69,7 @@ class Gateway:
             Context(self.settings, lambda: self.fleet, self.client, self.record, clock=self.clock)
         )
         self.prober = Prober(lambda: self.fleet, self.client, self.clock)
+        self.discovery = Discovery(lambda: self.fleet, self.prober.probe, self.resolver, self.clock)
 
     def record(self, ex: Exchange) -> None:
         self.metrics.record(ex)
@@ -91,6 +95,7 @@ def build_gateway(
     client: UpstreamClient | None = None,
     registry: CollectorRegistry | None = None,
     access_log: AccessLog | None = None,
+    resolver: Resolver = resolve,
 ) -> Gateway:
     table = table or load_table(settings.routes)
     return Gateway(
@@ -99,26 +104,33 @@ def build_gateway(
         client=client or create_client(settings.http_client),
         registry=registry or CollectorRegistry(),
         access_log=access_log or AccessLog(enabled=settings.log_requests),
+        resolver=resolver,
     )
 
 
 def create_app(gateway: Gateway) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
-        # The first probe round runs before serving, so early requests see real replica state.
+        # Discovery and the first probe round run before serving, so early requests see real state.
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(gateway.fleet.table.health.timeout + 0.5):
+            async with asyncio.timeout(gateway.fleet.table.health.timeout + 5):
+                if gateway.discovery.wanted():
+                    await gateway.discovery.refresh(force=True)
                 await gateway.prober.probe_all()
+        await _wait_ready(gateway)
         probing = asyncio.create_task(gateway.prober.run())
+        discovering = asyncio.create_task(gateway.discovery.run()) if gateway.discovery.wanted() else None
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # Only in the main thread of a real process; tests run servers in threads.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload, gateway)
         try:
             yield {"gateway": gateway}
         finally:
-            probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
+            for task in (probing, discovering):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await gateway.client.aclose()
 
     routes = [
@@ -258,6 +270,23 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         status_code=exc.status_code,
         media_type="application/json",
     )
+
+
+async def _wait_ready(gateway: Gateway) -> None:
+    """`serve --wait`: hold start-up (uvicorn accepts nothing yet) until every preset has a ready
+    replica, or the wait is over; then serve anyway, saying which presets are not ready."""
+    limit = gateway.settings.wait_ready
+    if limit <= 0:
+        return
+    deadline = gateway.clock() + limit
+    while gateway.fleet.not_ready() and gateway.clock() < deadline:
+        await asyncio.sleep(min(1.0, gateway.fleet.table.health.interval))
+        await gateway.prober.probe_all()
+    missing = gateway.fleet.not_ready()
+    if missing:
+        log.warning("serving after --wait %gs with presets not ready: %s", limit, ", ".join(missing))
+    else:
+        log.info("every preset has a ready replica")
 
 
 def _reload(gateway: Gateway) -> None:

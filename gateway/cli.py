@@ -26,9 +26,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 18000)")
+    serve.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=300.0,
+        metavar="SECONDS",
+        help="hold start-up until every preset has a ready replica (default 300 s), then serve anyway",
+    )
 
     check = commands.add_parser("check", help="validate a routing table and print what it resolves to")
     check.add_argument("path", nargs="?", type=Path, help="routing table (default: as for serve)")
+    check.add_argument("--probe", action="store_true", help="also ask every replica: healthy? serving what?")
 
     demo = commands.add_parser("demo", help="run the gateway in front of simulated replicas (no GPU needed)")
     demo.add_argument("--port", type=int, default=18000, help="gateway port (default 18000)")
@@ -40,12 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "serve":
-        overrides = {
-            k: v for k, v in (("routes", args.routes), ("host", args.host), ("port", args.port)) if v
-        }
+        pairs = (("routes", args.routes), ("host", args.host), ("port", args.port), ("wait_ready", args.wait))
+        overrides = {k: v for k, v in pairs if v}
         return serve_command(settings.model_copy(update=overrides))
     if args.command == "check":
-        return check_command(args.path or settings.routes)
+        return check_command(args.path or settings.routes, probe=args.probe)
     from gateway.demo import run_demo
 
     return run_demo(settings.model_copy(update={"host": args.host, "port": args.port}))
@@ -73,13 +81,24 @@ def run_loop(main: Any) -> None:
         uvloop.run(main)
 
 
-def check_command(path: Path) -> int:
+def check_command(path: Path, probe: bool = False) -> int:
     try:
         table = load_table(path)
     except TableError as exc:
         print(f"fleet-gateway: {exc}", file=sys.stderr)
         return 2
     print(describe(table))
+    if not probe:
+        return 0
+    from gateway import preflight
+
+    findings = asyncio.run(preflight.probe_table(table, timeout=table.health.timeout + 3))
+    print()
+    print(preflight.render(findings))
+    problems = [f for f in findings if f.problem is not None]
+    if problems:
+        print(f"\n{len(problems)} of {len(findings)} replicas have a problem", file=sys.stderr)
+        return 1
     return 0
 
 

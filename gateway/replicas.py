@@ -164,6 +164,15 @@ class Fleet:
                 if spec.name not in shared:
                     shared[spec.name] = self._replica(spec, preset, table.health, old)
                 members.append(shared[spec.name])
+            before = previous.pools.get(preset.name) if previous else None
+            if (
+                before is not None
+                and preset.discover is not None
+                and before.preset.discover == preset.discover
+            ):
+                # Replicas found in DNS stay until discovery says otherwise.
+                listed = {spec.name for spec in preset.replicas}
+                members += [r for r in before.replicas if r.name not in listed]
             self.pools[preset.name] = Pool(preset, members, clock)
         for pool in previous.pools.values() if previous else ():
             pool.wake_all()

@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # "aiohttp" (default, measured cheapest per request) or "httpx2"; see gateway/upstream/.
     http_client: str = "aiohttp"
-    watch_routes: bool = False
+    # `serve --wait N`: hold start-up until every preset has a ready replica, at most N seconds.
+    wait_ready: float = Field(0.0, ge=0)
 
     def keys(self) -> frozenset[str]:
         keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}

@@ -54,13 +54,14 @@ routing: {{default: m}}
 
 
 @contextlib.contextmanager
-def run_gateway(routes: str, **settings: Any) -> Iterator[Running]:
+def run_gateway(routes: str, resolver: Any = None, **settings: Any) -> Iterator[Running]:
     log = io.BytesIO()
     gateway = build_gateway(
         Settings(**settings),
         parse_table(routes, "test-routes.yaml"),
         registry=CollectorRegistry(),
         access_log=AccessLog(stream=log),
+        **({"resolver": resolver} if resolver is not None else {}),
     )
     with serve(create_app(gateway), http="httptools") as server:
         yield Running(server, gateway, log)
