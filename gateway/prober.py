@@ -114,35 +114,41 @@ def parse_models(payload: Any) -> tuple[tuple[str, ...], int | None]:
     return tuple(ids), context
 
 
-# The replicas' own load and cache figures worth seeing beside the gateway's, by the name they get.
-BACKEND_METRICS = {
-    "vllm:num_requests_waiting": "requests_waiting",
-    "vllm:num_requests_running": "requests_running",
-    "vllm:kv_cache_usage_perc": "kv_cache_usage_ratio",
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-    "llamacpp:requests_deferred": "requests_waiting",
-    "llamacpp:requests_processing": "requests_running",
-    "llamacpp:prompt_tokens_total": "prompt_tokens_processed",
-    "llamacpp:prompt_tokens_cached_total": "prompt_tokens_cached",
+# The replicas' own load and cache figures worth seeing beside the gateway's: their name here, and
+# how label sets combine (a ratio is the highest, a count the sum; counters stay counters).
+BACKEND_METRICS: dict[str, tuple[str, str]] = {
+    "vllm:num_requests_waiting": ("requests_waiting", "sum"),
+    "vllm:num_requests_running": ("requests_running", "sum"),
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage_ratio", "max"),
+    "vllm:prefix_cache_queries_total": ("prefix_cache_queries_tokens", "counter"),
+    "vllm:prefix_cache_hits_total": ("prefix_cache_hits_tokens", "counter"),
+    "llamacpp:requests_deferred": ("requests_waiting", "sum"),
+    "llamacpp:requests_processing": ("requests_running", "sum"),
+    "llamacpp:prompt_tokens_total": ("prompt_tokens_processed", "counter"),
+    "llamacpp:prompt_tokens_cached_total": ("prompt_tokens_cached", "counter"),
 }
+BACKEND_COUNTERS = frozenset(key for key, how in BACKEND_METRICS.values() if how == "counter")
 
 
 def parse_backend_metrics(text: str) -> dict[str, float]:
-    """The few figures of BACKEND_METRICS from Prometheus text (summed over label sets)."""
+    """The few figures of BACKEND_METRICS from Prometheus text."""
     found: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = BACKEND_METRICS.get(name)
-        if key is None:
+        known = BACKEND_METRICS.get(name)
+        if known is None:
             continue
         try:
             value = float(line.rsplit(" ", 1)[-1])
         except ValueError:
             continue
-        found[key] = found.get(key, 0.0) + value
+        key, how = known
+        if key not in found:
+            found[key] = value
+        else:
+            found[key] = max(found[key], value) if how == "max" else found[key] + value
     return found
 
 
