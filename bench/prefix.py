@@ -87,12 +87,14 @@ class Result:
     cached_tokens: int = 0
     ttft_ms: list[float] = field(default_factory=list)
     by_replica: Counter[str] = field(default_factory=Counter)
+    error_kinds: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> dict[str, Any]:
         ttft = sorted(self.ttft_ms)
         out = asdict(self)
         out.pop("ttft_ms")
         out["by_replica"] = dict(self.by_replica)
+        out["error_kinds"] = dict(self.error_kinds)
         out["prefilled_tokens"] = self.prompt_tokens - self.cached_tokens
         out["hit_ratio"] = round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0
         out["ttft_p50_ms"] = round(statistics.median(ttft), 2) if ttft else None
@@ -169,6 +171,7 @@ async def converse(
                 if response.status_code != 200:
                     await response.aread()
                     result.errors += 1
+                    result.error_kinds[f"{response.status_code}: {response.text[:120]}"] += 1
                     continue
                 replica = response.headers.get("x-gateway-replica", "direct")
                 async for line in response.aiter_lines():
@@ -182,8 +185,9 @@ async def converse(
                         if piece:
                             first = first or time.perf_counter()
                             content.append(piece)
-        except httpx2.HTTPError:
+        except httpx2.HTTPError as exc:
             result.errors += 1
+            result.error_kinds[type(exc).__name__] += 1
             continue
         result.requests += 1
         result.by_replica[replica] += 1
@@ -216,7 +220,13 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
 
             model = ensure_gguf()
             yield [
-                (stack.enter_context(LlamaServer(model, slots=slots, name=f"bench{i}")).url, "llamacpp")
+                # Each slot gets the model's full training context (16k tokens).
+                (
+                    stack.enter_context(
+                        LlamaServer(model, slots=slots, ctx=16384 * slots, name=f"bench{i}")
+                    ).url,
+                    "llamacpp",
+                )
                 for i in range(count)
             ]
         else:
@@ -285,7 +295,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int)
     parser.add_argument("--replicas", type=int)
     parser.add_argument("--slots", type=int, help="sequence slots per replica (llama-server -np)")
-    parser.add_argument("--words", type=int, default=600, help="system prompt length in words")
+    parser.add_argument("--words", type=int, help="system prompt length in words (sim 600, engines 300)")
     parser.add_argument("--quick", action="store_true", help="a few conversations: under a minute")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefix.jsonl")
     args = parser.parse_args()
@@ -294,10 +304,10 @@ def main() -> None:
     turns = args.turns or (3 if args.quick else 6)
     replicas = args.replicas or (8 if large else 2)
     slots = args.slots or (16 if large else 5)
+    words = args.words or (600 if args.backend == "sim" else 300)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(
-        f"backend {args.backend}: {conversations} conversations x {turns} turns, {replicas} replicas, {slots} slots each"
-    )
+    shape = f"{conversations} conversations x {turns} turns, {replicas} replicas, {slots} slots each"
+    print(f"backend {args.backend}: {shape}")
     header = (
         f"{'scenario':46} {'hit':>6} {'prefilled':>10} {'ttft p50':>9} {'p95':>8} {'max share':>9} {'err':>4}"
     )
@@ -311,16 +321,15 @@ def main() -> None:
                 turns=turns,
                 replicas=replicas,
                 slots=slots,
-                words=args.words,
+                words=words,
             )
             row["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             out.write(json.dumps(row) + "\n")
-            share = row["max_replica_share"]
-            print(
-                f"{scenario.name:46} {row['hit_ratio']:6.3f} {row['prefilled_tokens']:10d} "
-                f"{row['ttft_p50_ms'] or 0:9.1f} {row['ttft_p95_ms'] or 0:8.1f} {share or 1:9.2f} {row['errors']:4d}",
-                flush=True,
+            share, p50, p95 = row["max_replica_share"] or 1, row["ttft_p50_ms"] or 0, row["ttft_p95_ms"] or 0
+            figures = (
+                f"{row['hit_ratio']:6.3f} {row['prefilled_tokens']:10d} {p50:9.1f} {p95:8.1f} {share:9.2f}"
             )
+            print(f"{scenario.name:46} {figures} {row['errors']:4d}", flush=True)
 
 
 if __name__ == "__main__":
