@@ -47,7 +47,7 @@ def state(fleet: Fleet, recent: Recent, started: float, wall: float | None = Non
         "time": round(wall if wall is not None else time.time(), 3),
         "uptime_s": round(now - started, 1),
         "window_s": 300,
-        "totals": {"requests": recent.total, **summarise(samples, now=now)},
+        "totals": {**summarise(samples, now=now), "requests_since_start": recent.total},
         "presets": presets,
         "unrouted": summarise(by_preset.get("unknown", []), now=now)["requests"],
         "warnings": [
