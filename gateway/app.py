@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,8 @@ def create_app(gateway: Gateway) -> Any:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
     )
+    # A 307 to the client's own Host header is a redirect the client controls: never.
+    app.router.redirect_slashes = False
     settings = gateway.settings
     authorised = KeyAuth(Dispatch(gateway.proxy, app), settings.keys())
     return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count)
@@ -269,6 +272,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         render(message, "invalid_request_error", code),
         status_code=exc.status_code,
         media_type="application/json",
+        headers={"x-request-id": uuid.uuid4().hex},
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from gateway.errors import GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
+from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.exchange import Exchange
 from gateway.health import Outcome
 from gateway.replicas import Pool, Replica
@@ -156,10 +156,16 @@ class Dispatcher:
         replica = await pool.admit(pick, attempt.deadline)
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
-        ex.attempts += 1
         try:
             data = await self._encode(attempt, replica.context)
-            ex.upstream_sent = ex.upstream_sent or self.clock()
+        except Exception as exc:
+            # The gateway's own failure, before anything left: the same on every replica, so not
+            # retried, and no attempt was made.
+            pool.release(replica)
+            raise GatewayBug(f"The gateway could not prepare the request; request {ex.request_id}") from exc
+        ex.attempts += 1
+        ex.upstream_sent = ex.upstream_sent or self.clock()
+        try:
             response = await self.client.send(
                 replica.url + attempt.path, upstream_headers(ex, replica), data, _timeouts(pool, ex.stream)
             )
@@ -194,6 +200,7 @@ class Dispatcher:
         ex.upstream_errors.append(kind)
         ex.failed_replica = replica.name
         if replica.health.on_outcome(outcome, self.clock()):
+            ex.ejected.append(replica.name)
             ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
 
     async def _encode(self, attempt: Attempt, context: int | None) -> bytes:

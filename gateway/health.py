@@ -74,6 +74,10 @@ class HealthState:
         ):
             self._become(Status.DOWN, f"probe {result}")
 
+    def progress(self, now: float) -> None:
+        """A stream is flowing: live evidence the replica works, however slowly /health answers."""
+        self.last_live_success = now
+
     def on_outcome(self, outcome: Outcome, now: float) -> bool:
         """Record one live attempt; True when this outcome ejected the replica or took it down."""
         if outcome == "client_error":

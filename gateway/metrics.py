@@ -148,6 +148,8 @@ class Metrics:
             self.prefix_churn.labels(preset).inc()
         if ex.outcome == "client_disconnected":
             self.disconnects.labels(preset, ex.disconnect_phase or "waiting").inc()
+        for name in ex.ejected:
+            self.ejections.labels(preset, name).inc()
         for kind in ex.upstream_errors:
             self.upstream_errors.labels(preset, ex.failed_replica or replica, kind).inc()
         answer = ex.answer

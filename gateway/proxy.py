@@ -24,7 +24,14 @@ from typing import Any
 from gateway import prefix, relay
 from gateway.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.body import ClientGone, has_images, parse_object, read_body
-from gateway.errors import GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure, UpstreamServerError
+from gateway.errors import (
+    GatewayBug,
+    GatewayError,
+    GatewayTimeout,
+    NoUpstream,
+    UpstreamFailure,
+    UpstreamServerError,
+)
 from gateway.exchange import Exchange
 from gateway.replicas import Fleet, Replica
 from gateway.rewrite import Endpoint, check_request, requested_task, rewrite
@@ -37,7 +44,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Recorder = Callable[[Exchange], None]
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-log = logging.getLogger("gateway.prefix")
+log = logging.getLogger("gateway.proxy")
+prefix_log = logging.getLogger("gateway.prefix")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -145,9 +153,22 @@ class Proxy:
         except GatewayError as error:
             if ex.headers_sent:
                 raise
+            if isinstance(error, GatewayBug):
+                # One line with the cause for the operator; the client gets the envelope only.
+                log.error(
+                    "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
+                )
             if ex.outcome == "completed":
                 ex.outcome = "upstream_error" if ex.attempts else "rejected"
             await relay.send_error(send, ex, error)
+        except Exception as exc:
+            if ex.headers_sent:
+                raise
+            log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
+            ex.outcome = "rejected"
+            await relay.send_error(
+                send, ex, GatewayBug(f"The gateway failed on this request; request {ex.request_id}")
+            )
 
     async def _route_and_relay(
         self, endpoint: Endpoint, headers: dict[str, str], raw: bytes, ex: Exchange, send: Send
@@ -185,7 +206,7 @@ class Proxy:
         detach = False
         try:
             if response.status >= 300:
-                await self._relay_status(ex, response, send)
+                await self._relay_status(ex, replica, response, send)
             elif plan.stream:
                 await relay.send_stream(
                     send,
@@ -195,6 +216,7 @@ class Proxy:
                     deadline=loop_deadline,
                     write_timeout=settings.write_timeout,
                     clock=clock,
+                    progress=replica.health.progress,
                 )
             else:
                 async with asyncio.timeout_at(loop_deadline):
@@ -264,7 +286,7 @@ class Proxy:
         client = ex.client_id + (f"/{session}" if session else "")
         ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
         if report.kinds and self.churn.first_report(client, report.fingerprint):
-            log.warning(
+            prefix_log.warning(
                 "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
                 "its prefix cache cannot hit; see the README's 'Prefix cache' section",
                 ",".join(report.kinds),
@@ -274,7 +296,9 @@ class Proxy:
             )
         return report.affinity_key or ""
 
-    async def _relay_status(self, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
+    async def _relay_status(
+        self, ex: Exchange, replica: Replica, response: UpstreamResponse, send: Send
+    ) -> None:
         """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""
         data = await response.read(ERROR_BODY_LIMIT)
         if response.status < 400:
@@ -284,7 +308,8 @@ class Proxy:
             raise UpstreamServerError(
                 f"The replica failed to answer (HTTP {response.status}); request {ex.request_id}"
             )
-        body = relay.upstream_error_body(response.status, data, ex.request_id)
+        key = replica.api_key()
+        body = relay.upstream_error_body(response.status, data, ex.request_id, (key,) if key else ())
         ex.status, ex.error_code = response.status, str(response.status)
         headers = [
             (b"content-type", b"application/json"),

@@ -25,6 +25,9 @@ Clock = Callable[[], float]
 FORWARDED_MESSAGE_LIMIT = 4096
 TRAP_WARNING = "reasoning consumed max_tokens"
 TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
+_CREDENTIAL = re.compile(
+    r"(?i)\bbearer\s+\S+|\b(?:api[_-]?key|key|token|secret|password)=\S+|\bsk-[A-Za-z0-9_-]{8,}"
+)
 _URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
 
 
@@ -122,6 +125,7 @@ async def send_stream(
     deadline: float,
     write_timeout: float,
     clock: Clock,
+    progress: Callable[[float], None] | None = None,
 ) -> None:
     relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock)
     ex.status = response.status
@@ -146,6 +150,8 @@ async def send_stream(
                     guard.sending_since = loop.time()
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     guard.sending_since = None
+                    if progress is not None:
+                        progress(clock())
         tail = relay.flush()
         if tail:
             await send({"type": "http.response.body", "body": tail, "more_body": True})
@@ -199,7 +205,7 @@ def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def upstream_error_body(status: int, raw: bytes, request_id: str) -> bytes:
+def upstream_error_body(status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = ()) -> bytes:
     """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic."""
     message: str = ""
     type_: str = "invalid_request_error"
@@ -221,8 +227,16 @@ def upstream_error_body(status: int, raw: bytes, request_id: str) -> bytes:
             type_ = error["type"]
     elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
         message = payload["message"]  # very old vLLM: a flat error object
-    message = _URL.sub("[address]", message)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
+    message = scrub(message, secrets)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
+
+
+def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:
+    """A replica's message may echo its address or its key: neither reaches the client."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "[redacted]")
+    return _URL.sub("[address]", _CREDENTIAL.sub("[redacted]", message))
 
 
 def generic_error_body(message: str, code: str) -> bytes:

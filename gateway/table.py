@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -100,6 +101,15 @@ class Discover(_Strict):
     api_key_env: str | None = None
 
 
+def _json_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    if params is not None:
+        try:
+            orjson.dumps(params)
+        except TypeError as exc:
+            raise ValueError(f"must hold JSON values only ({exc})") from None
+    return params
+
+
 class _Inherited(_Strict):
     """Keys that `defaults` sets and any preset may override."""
 
@@ -113,6 +123,8 @@ class _Inherited(_Strict):
     prefix: Prefix | None = None
     abort_on_disconnect: bool | None = None
     params: dict[str, Any] | None = None
+
+    _params_are_json = field_validator("params")(_json_params)
 
 
 class PresetSpec(_Inherited):

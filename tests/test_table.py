@@ -147,3 +147,9 @@ tasks: {code: dense, look: vision}""",
 def test_a_bare_yaml_off_means_off() -> None:
     text = MINIMAL.replace("defaults: {", "defaults: {prefix: {volatile: off}, ")
     assert parse_table(text).presets["dense"].prefix.volatile == "off"
+
+
+def test_params_must_be_json_values() -> None:
+    text = MINIMAL.replace("served_model: big", "served_model: big\n    params: {seed: 18446744073709551616}")
+    with pytest.raises(TableError, match=r"presets\.dense\.params: Value error, must hold JSON values only"):
+        parse_table(text)

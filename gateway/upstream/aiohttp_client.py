@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import aiohttp
 
@@ -47,6 +49,13 @@ def _in_body() -> Iterator[None]:
         raise BodyFailed("connection broke during the response") from exc
 
 
+CHUNK_LIMIT = 32 * 1024
+# aiohttp pauses reading from the replica when twice this is buffered: what a slow client can make
+# the gateway hold per stream stays small, and TCP backpressure does the rest.
+READ_BUFFER = 16 * 1024
+UPSTREAM_RCVBUF = 512 * 1024
+
+
 class _Response:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -58,7 +67,8 @@ class _Response:
         content = self._response.content
         with _in_body():
             while True:
-                chunk = await content.readany()
+                # Bounded pieces: a slow client must not make the gateway hold a replica's burst whole.
+                chunk = await content.read(CHUNK_LIMIT)
                 if not chunk:
                     break
                 yield chunk
@@ -90,6 +100,16 @@ class _Response:
             self._response.close()
 
 
+def _socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    # Linux grows a receive buffer up to tcp_rmem's maximum (32 MiB here): a client that reads
+    # slowly would let its replica generate that much before backpressure reached it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UPSTREAM_RCVBUF)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class AiohttpClient:
     def __init__(self, keepalive_expiry: float) -> None:
         self._keepalive_expiry = keepalive_expiry
@@ -99,11 +119,12 @@ class AiohttpClient:
         if self._session is None:
             # limit=0: no hidden cap below the gateway's own admission limits (aiohttp defaults to 100).
             connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_expiry
+                limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_expiry, socket_factory=_socket
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,
+                read_bufsize=READ_BUFFER,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None),
