@@ -13,18 +13,24 @@ from gateway.app import Gateway, metrics_app
 log = logging.getLogger("gateway")
 
 
+# How the gateway runs under uvicorn; the tests run it the same way.
+SERVER_OPTIONS: dict[str, Any] = {
+    "http": "httptools",
+    "lifespan": "on",
+    "access_log": False,  # the gateway writes its own structured access log
+    "server_header": False,  # nothing about the stack behind it
+    "proxy_headers": False,  # X-Forwarded-For from clients is never trusted; the gateway sets its own
+}
+
+
 def uvicorn_config(app: Any, host: str, port: int, **overrides: Any) -> uvicorn.Config:
     options: dict[str, Any] = {
         "host": host,
         "port": port,
         "loop": "uvloop",
-        "http": "httptools",
-        "lifespan": "on",
-        "access_log": False,  # the gateway writes its own structured access log
-        "server_header": False,  # nothing about the stack behind it
         "log_config": None,
         "backlog": 2048,
-        "proxy_headers": False,  # X-Forwarded-For from clients is never trusted; the gateway sets its own
+        **SERVER_OPTIONS,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

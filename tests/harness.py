@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.accesslog import AccessLog
 from gateway.app import Gateway, build_gateway, create_app
+from gateway.server import SERVER_OPTIONS
 from gateway.settings import Settings
 from gateway.table import parse_table
 from tests.servers import ThreadServer, serve
@@ -63,7 +64,7 @@ def run_gateway(routes: str, resolver: Any = None, **settings: Any) -> Iterator[
         access_log=AccessLog(stream=log),
         **({"resolver": resolver} if resolver is not None else {}),
     )
-    with serve(create_app(gateway), http="httptools") as server:
+    with serve(create_app(gateway), **SERVER_OPTIONS) as server:
         yield Running(server, gateway, log)
 
 
