@@ -39,6 +39,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "warnings": [message for _, message in ex.warnings],
         "attempts": ex.attempts,
         "retries": ex.retries,
+        "path": ex.path or None,
         "pick": ex.pick_reason or None,
         "prefix": ex.prefix or None,
         "prefix_volatile": ex.prefix_found or None,

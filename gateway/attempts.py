@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from gateway.balancer import retry_order
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.exchange import Exchange
 from gateway.health import Outcome
@@ -50,7 +51,8 @@ RETRYABLE = (ConnectFailed, Reset, HeaderTimeout, RetryableStatus)
 
 
 class RetryBudget:
-    """Requests retrying stay under max(min_concurrent, ratio x requests in flight): Envoy's budget."""
+    """Requests retrying stay under max(min_concurrent, ratio x requests in flight), after Envoy's
+    retry budget; a request counts as retrying until a retry gets an answer or gives up."""
 
     def __init__(self) -> None:
         self.active = 0
@@ -72,6 +74,7 @@ class Attempt:
     deadline: float
     key: str | None = None
     tried: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # replicas that refused the connection
     encoded: dict[int | None, tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
     ticket: int = 0
 
@@ -100,10 +103,16 @@ class Dispatcher:
                 retries = attempt.pool.preset.retries
                 if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
                     raise
+                # Counted while retrying, not for the whole answer: a retried stream that got its
+                # headers is an ordinary request again, and minutes-long streams must not use
+                # up the budget a replica's crash needs.
                 self.budget.retrying += 1
-                attempt.ex.retries.append(first.kind)
-                await self.sleep(self._wait_after(first, attempt))
-                return await self._retry(attempt, retries.attempts - 1)
+                try:
+                    attempt.ex.retries.append(first.kind)
+                    await self.sleep(self._wait_after(first, attempt))
+                    return await self._retry(attempt, retries.attempts - 1)
+                finally:
+                    self.budget.retrying -= 1
         except UpstreamError as error:
             raise _final_error(error, attempt) from None
 
@@ -147,9 +156,11 @@ class Dispatcher:
 
     async def _try(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         pool, ex = attempt.pool, attempt.ex
-        pick = pool.pick(attempt.ticket, attempt.key, exclude=attempt.tried)
-        if not pick.order:
-            pick = pool.pick(attempt.ticket, attempt.key)  # every replica tried once: go round again
+        # A replica that refused this request's connection is not asked again by it.
+        pick = pool.pick(attempt.ticket, attempt.key, exclude=attempt.refused)
+        if attempt.tried:
+            suspects = [r.name for r in pool.replicas if r.health.connect_fail_streak]
+            pick = retry_order(pick, attempt.tried, suspects)
         if not pick.order:
             raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
         ex.pick_reason = ex.pick_reason or pick.reason
@@ -171,6 +182,8 @@ class Dispatcher:
             )
         except UpstreamError as error:
             pool.release(replica)
+            if isinstance(error, ConnectFailed):
+                attempt.refused.append(replica.name)
             self._failed(
                 ex,
                 replica,
@@ -194,10 +207,12 @@ class Dispatcher:
             raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
         replica.health.on_outcome(outcome, self.clock())
+        ex.path.append(f"{replica.name}:{status}")
         return response, replica
 
     def _failed(self, ex: Exchange, replica: Replica, kind: str, outcome: Outcome) -> None:
         ex.upstream_errors.append(kind)
+        ex.path.append(f"{replica.name}:{kind}")
         ex.failed_replica = replica.name
         if replica.health.on_outcome(outcome, self.clock()):
             ex.ejected.append(replica.name)
@@ -229,6 +244,10 @@ def upstream_headers(ex: Exchange, replica: Replica) -> list[tuple[str, str]]:
         headers.append(("authorization", f"Bearer {key}"))
     if ex.stream:
         headers.append(("accept", "text/event-stream"))
+        if replica.engine == "llamacpp":
+            # llama-server advertises keep-alive on a stream and then closes the connection after
+            # it; reused at once, such a connection fails the next request before its headers.
+            headers.append(("connection", "close"))
     return headers
 
 

@@ -9,7 +9,7 @@ answering 503 at once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gateway.table import Policy
@@ -41,6 +41,16 @@ def choose(policy: Policy, replicas: Sequence[ReplicaView], *, ticket: int, key:
     else:
         ordered, reason = _rotate(pool, ticket), "round_robin"
     return Pick(tuple(r.name for r in ordered + rest), "panic" if panic else reason)
+
+
+def retry_order(pick: Pick, tried: Collection[str], suspects: Collection[str]) -> Pick:
+    """For a retry: replicas that others just failed to reach go last, then those this request tried.
+
+    A connection refused on another request is strong evidence the process is gone; a reset or
+    a 503 on this one is weaker (an overloaded replica). Within each group the policy's order stays.
+    """
+    order = sorted(pick.order, key=lambda name: (name in suspects, name in tried))
+    return Pick(tuple(order), pick.reason)
 
 
 def _rotate(pool: list[ReplicaView], ticket: int) -> list[ReplicaView]:

@@ -34,7 +34,10 @@ class Exchange:
     retries: list[str] = field(default_factory=list)
     upstream_errors: list[str] = field(default_factory=list)
     failed_replica: str = ""
-    ejected: list[str] = field(default_factory=list)  # replicas this request's failures took out
+    ejected: list[str] = field(default_factory=list)
+    path: list[str] = field(
+        default_factory=list
+    )  # "replica:outcome" per attempt, for the access log  # replicas this request's failures took out
     pick_reason: str = ""
     prefix: str = ""  # the prefix fingerprint
     prefix_found: list[str] = field(default_factory=list)  # kinds of volatile content

@@ -68,9 +68,23 @@ class Prober:
             )
         if result == "ok" and (replica.context is None or self.cycles % MODELS_EVERY == 0):
             await self.read_models(replica)
+            if replica.engine == "llamacpp":
+                await self.read_props(replica)
         if result == "ok" and config.scrape_metrics:
             await self.read_metrics(replica)
         return result
+
+    async def read_props(self, replica: Replica) -> None:
+        try:
+            status, body = await self._client.get(
+                replica.url + "/props", _auth(replica), replica.health.config.timeout
+            )
+            payload = orjson.loads(body) if status == 200 else None
+        except (UpstreamError, orjson.JSONDecodeError):
+            return
+        slots = payload.get("total_slots") if isinstance(payload, dict) else None
+        if isinstance(slots, int) and slots > 0:
+            replica.slots = slots
 
     async def read_metrics(self, replica: Replica) -> None:
         try:

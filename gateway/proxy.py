@@ -100,8 +100,6 @@ class Proxy:
             await self._handle(endpoint, headers, ex, receive, send)
         finally:
             self.budget.active -= 1
-            if ex.retries:
-                self.budget.retrying -= 1
             if ex.finished is None:
                 ex.finished = self.ctx.clock()
             if ex.answer.thinking_trap:

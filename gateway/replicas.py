@@ -27,10 +27,11 @@ Clock = Callable[[], float]
 class Replica:
     spec: ReplicaSpec
     health: HealthState
-    max_in_flight: int
+    max_in_flight: int  # as configured
     preset: str
     in_flight: int = 0
     context: int | None = None  # vLLM max_model_len / llama-server meta.n_ctx, from /v1/models
+    slots: int | None = None  # llama-server's total_slots, from /props
     served_ids: tuple[str, ...] = ()
     probe_latency: float | None = None
     backend_metrics: dict[str, float] = field(default_factory=dict)  # from the replica's own /metrics
@@ -53,8 +54,17 @@ class Replica:
         # Read at use, so a rotated key in the environment needs no restart; never logged.
         return os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
 
+    @property
+    def limit(self) -> int:
+        """Requests it may hold at once. llama-server serves HTTP on slots + 2 threads by default,
+        and connections beyond those wait in its queue until it closes them unanswered; so unless
+        the table says otherwise, the gateway queues the excess itself."""
+        if self.spec.max_in_flight is None and self.engine == "llamacpp" and self.slots:
+            return min(self.max_in_flight, self.slots + 2)
+        return self.max_in_flight
+
     def view(self, now: float) -> ReplicaView:
-        return ReplicaView(self.name, self.health.available(now), self.in_flight, self.max_in_flight)
+        return ReplicaView(self.name, self.health.available(now), self.in_flight, self.limit)
 
 
 class Pool:
@@ -139,7 +149,7 @@ class Pool:
     def _first_free(self, pick: Pick) -> Replica | None:
         for name in pick.order:
             replica = self.get(name)
-            if replica is not None and replica.in_flight < replica.max_in_flight:
+            if replica is not None and replica.in_flight < replica.limit:
                 return replica
         return None
 

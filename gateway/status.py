@@ -72,7 +72,7 @@ def _replica(replica: Replica, now: float, samples: list[Sample]) -> dict[str, A
         "engine": replica.engine,
         "state": status,
         "in_flight": replica.in_flight,
-        "max_in_flight": replica.max_in_flight,
+        "max_in_flight": replica.limit,
         "context": replica.context,
         "probe_ms": None if replica.probe_latency is None else round(replica.probe_latency * 1000, 1),
         "backend": dict(replica.backend_metrics),

@@ -46,9 +46,13 @@ class Limits(_Strict):
 
 
 class Retries(_Strict):
-    attempts: int = Field(2, ge=1, le=5)  # attempts in all, the first included
+    # Attempts in all, the first included. Three, because with two replicas a request can meet both
+    # failures at once: a dead replica and a live one closing a stale keep-alive connection.
+    attempts: int = Field(3, ge=1, le=5)
     budget: float = Field(0.2, ge=0, le=1)  # retries in flight <= max(min_concurrent, budget * in flight)
-    min_concurrent: int = Field(3, ge=0)
+    # Envoy's default is 3; a replica that dies under a team's load must move more than that at once
+    # (every request it held that had not started), and a storm of 100 still makes at most 20.
+    min_concurrent: int = Field(10, ge=0)
 
 
 class Prefix(_Strict):
