@@ -167,7 +167,9 @@ async def converse(
         content: list[str] = []
         usage: dict[str, Any] = {}
         try:
-            async with http.stream("POST", url, json=body) as response:
+            # A new connection per request: llama-server closes one after a stream while advertising
+            # keep-alive, and a direct client must not trip over that (the gateway handles it).
+            async with http.stream("POST", url, json=body, headers={"connection": "close"}) as response:
                 if response.status_code != 200:
                     await response.aread()
                     result.errors += 1
@@ -258,7 +260,8 @@ routing: {{default: bench}}
 async def drive(
     url: str, scenario: Scenario, result: Result, conversations: int, turns: int, words: int
 ) -> None:
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
+    # Below llama-server's 5 s keep-alive, so a direct run does not lose requests to the keep-alive race.
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
     async with httpx2.AsyncClient(timeout=300, limits=limits, trust_env=False) as http:
         await asyncio.gather(
             *(converse(http, url, "bench", i, turns, scenario, result, words) for i in range(conversations))
