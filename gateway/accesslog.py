@@ -6,6 +6,7 @@ text, keys and replica URLs never enter the record, so they cannot leak through 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from typing import IO, Any
@@ -57,12 +58,32 @@ def entry(ex: Exchange) -> dict[str, Any]:
 
 
 class AccessLog:
-    def __init__(self, stream: IO[bytes] | None = None, enabled: bool = True) -> None:
+    """Lines are written at once, flushed together within `flush_interval` seconds: a write per
+    request costs a system call, and a slow reader of stdout (a log shipper) must not hold up the
+    event loop once per request."""
+
+    def __init__(
+        self, stream: IO[bytes] | None = None, enabled: bool = True, flush_interval: float = 0.0
+    ) -> None:
         self._stream = stream if stream is not None else sys.stdout.buffer
         self.enabled = enabled
+        self.flush_interval = flush_interval
+        self._pending: list[bytes] = []
+        self._scheduled = False
 
     def write(self, ex: Exchange) -> None:
         if not self.enabled:
             return
-        self._stream.write(orjson.dumps(entry(ex)) + b"\n")
-        self._stream.flush()
+        self._pending.append(orjson.dumps(entry(ex)))
+        if self.flush_interval <= 0 or len(self._pending) >= 256:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self.flush_interval, self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._pending:
+            lines, self._pending = self._pending, []
+            self._stream.write(b"\n".join(lines) + b"\n")
+            self._stream.flush()

@@ -104,7 +104,7 @@ def build_gateway(
         fleet=Fleet(table),
         client=client or create_client(settings.http_client),
         registry=registry or CollectorRegistry(),
-        access_log=access_log or AccessLog(enabled=settings.log_requests),
+        access_log=access_log or AccessLog(enabled=settings.log_requests, flush_interval=0.2),
         resolver=resolver,
     )
 
@@ -133,6 +133,7 @@ def create_app(gateway: Gateway) -> Any:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await gateway.client.aclose()
+            gateway.access_log.flush()
 
     routes = [
         Route("/v1/chat/completions", _method_not_allowed, methods=["GET", "HEAD", "PUT", "DELETE", "PATCH"]),

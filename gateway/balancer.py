@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.table import Policy
 
 
-@dataclass(frozen=True)
-class ReplicaView:
+# NamedTuples, not dataclasses: these are built on every request, and a tuple is the cheapest value.
+class ReplicaView(NamedTuple):
     name: str
     available: bool  # healthy and not ejected
     in_flight: int
     capacity: int  # max_in_flight
 
 
-@dataclass(frozen=True)
-class Pick:
+class Pick(NamedTuple):
     order: tuple[str, ...]
     reason: str  # round_robin | least_busy | affinity | affinity_overload | panic
 

@@ -144,7 +144,7 @@ def banner(url: str) -> str:
 async def serve_demo(settings: Settings) -> None:
     import uvicorn
 
-    from gateway.server import uvicorn_config
+    from gateway.server import tune_gc, uvicorn_config
 
     ports = {r.name: _free_port() for group in REPLICAS.values() for r in group}
     replicas = await start_replicas(ports)
@@ -153,6 +153,7 @@ async def serve_demo(settings: Settings) -> None:
         server = uvicorn.Server(uvicorn_config(create_app(gateway), settings.host, settings.port))
         url = f"http://{settings.host}:{settings.port}"
         print(banner(url), flush=True)
+        tune_gc()
         await server.serve()
     finally:
         for replica in replicas:

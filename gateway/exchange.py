@@ -13,7 +13,7 @@ from gateway.answer import Answer
 Outcome = Literal["completed", "rejected", "client_disconnected", "upstream_error"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     request_id: str
     endpoint: str

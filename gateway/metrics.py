@@ -9,6 +9,7 @@ collector instead of being mirrored by increments scattered through the code.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,6 +34,7 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 class Metrics:
     def __init__(self, registry: CollectorRegistry, fleet: Callable[[], Fleet]) -> None:
         self.registry = registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         per_replica = ["preset", "replica"]
         self.requests = Counter(
             "gateway_requests",
@@ -129,29 +131,39 @@ class Metrics:
         )
         registry.register(_FleetCollector(fleet))
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # labels() takes a lock and builds a tuple each time; the label sets are few and bounded.
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def record(self, ex: Exchange) -> None:
         preset, replica = ex.preset, ex.replica or "none"
-        self.requests.labels(preset, replica, ex.engine or "none", ex.status_class, ex.route or "none").inc()
+        self._child(
+            self.requests, preset, replica, ex.engine or "none", ex.status_class, ex.route or "none"
+        ).inc()
         if ex.finished is not None:
-            self.duration.labels(preset, replica).observe(ex.finished - ex.started)
+            self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
         if ex.upstream_sent is not None:
-            self.overhead.labels(preset).observe(ex.upstream_sent - ex.started)
+            self._child(self.overhead, preset).observe(ex.upstream_sent - ex.started)
         for kind, _ in ex.rewrites:
-            self.rewrites.labels(preset, kind).inc()
+            self._child(self.rewrites, preset, kind).inc()
         for reason in ex.retries:
-            self.retries.labels(preset, reason).inc()
+            self._child(self.retries, preset, reason).inc()
         if ex.pick_reason:
-            self.picks.labels(preset, ex.pick_reason).inc()
+            self._child(self.picks, preset, ex.pick_reason).inc()
         for kind in ex.prefix_found:
-            self.prefix_volatile.labels(preset, kind).inc()
+            self._child(self.prefix_volatile, preset, kind).inc()
         if ex.prefix_churn:
-            self.prefix_churn.labels(preset).inc()
+            self._child(self.prefix_churn, preset).inc()
         if ex.outcome == "client_disconnected":
-            self.disconnects.labels(preset, ex.disconnect_phase or "waiting").inc()
+            self._child(self.disconnects, preset, ex.disconnect_phase or "waiting").inc()
         for name in ex.ejected:
-            self.ejections.labels(preset, name).inc()
+            self._child(self.ejections, preset, name).inc()
         for kind in ex.upstream_errors:
-            self.upstream_errors.labels(preset, ex.failed_replica or replica, kind).inc()
+            self._child(self.upstream_errors, preset, ex.failed_replica or replica, kind).inc()
         answer = ex.answer
         if not ex.replica:
             return
@@ -162,16 +174,16 @@ class Metrics:
             ("reasoning", answer.reasoning_tokens),
         ):
             if value:
-                self.tokens.labels(preset, replica, kind).inc(value)
+                self._child(self.tokens, preset, replica, kind).inc(value)
         if ex.first_token is not None:
-            self.ttft.labels(preset, replica).observe(ex.first_token - ex.started)
+            self._child(self.ttft, preset, replica).observe(ex.first_token - ex.started)
             tokens = answer.completion_tokens or 0
             if ex.finished is not None and tokens > 1 and ex.finished > ex.first_token:
                 decode = ex.finished - ex.first_token
-                self.itl.labels(preset, replica).observe(decode / (tokens - 1))
-                self.decode_rate.labels(preset, replica).observe((tokens - 1) / decode)
+                self._child(self.itl, preset, replica).observe(decode / (tokens - 1))
+                self._child(self.decode_rate, preset, replica).observe((tokens - 1) / decode)
         if answer.thinking_trap:
-            self.thinking_trap.labels(preset, replica).inc()
+            self._child(self.thinking_trap, preset, replica).inc()
 
 
 class _FleetCollector(Collector):

@@ -144,7 +144,12 @@ class VolatileCache:
 
 
 def apply(
-    body: dict[str, Any], mode: str, preset: str, cache: VolatileCache, session: str | None
+    body: dict[str, Any],
+    mode: str,
+    preset: str,
+    cache: VolatileCache,
+    session: str | None,
+    keyed: bool = True,
 ) -> PrefixReport:
     """Detect (and for move/strip, cut) volatile spans; then fingerprint the prefix and key the session."""
     report = PrefixReport()
@@ -170,7 +175,8 @@ def apply(
                     report.moved.extend(taken)
     # Keyed before anything is appended to the last user message: on the first turn that message is
     # also the first, and the key must not change when the conversation grows.
-    report.affinity_key = session or _conversation_key(messages)
+    if keyed:
+        report.affinity_key = session or _conversation_key(messages)
     if mode == "move" and report.moved and last_user is not None:
         messages[last_user] = _append(messages[last_user], "[" + "; ".join(report.moved) + "]")
     if mode != "move":

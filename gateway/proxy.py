@@ -36,6 +36,7 @@ from gateway.exchange import Exchange
 from gateway.replicas import Fleet, Replica
 from gateway.rewrite import Endpoint, check_request, requested_task, rewrite
 from gateway.settings import Settings
+from gateway.table import Preset
 from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
@@ -184,7 +185,7 @@ class Proxy:
         plan = rewrite(body, preset, endpoint, want_usage=True)
         ex.rewrites.extend(plan.notes)
         ex.stream = plan.stream
-        key = self._prefix(body, ex, preset.name, preset.prefix.volatile, headers)
+        key = self._prefix(body, ex, preset, headers)
         pool = fleet.pools[preset.name]
         deadline = clock() + preset.timeouts.read
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
@@ -270,13 +271,13 @@ class Proxy:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _prefix(
-        self, body: dict[str, Any], ex: Exchange, preset: str, mode: str, headers: dict[str, str]
-    ) -> str:
+    def _prefix(self, body: dict[str, Any], ex: Exchange, spec: Preset, headers: dict[str, str]) -> str:
         """Volatile content, the prefix fingerprint and churn; returns the affinity key."""
         user = body.get("user")
         session = headers.get("x-session-id") or (user if isinstance(user, str) and user else None)
-        report = prefix.apply(body, mode, preset, self.volatile, session)
+        preset, mode = spec.name, spec.prefix.volatile
+        keyed = spec.policy == "prefix_affinity"  # the key hashes the conversation's start: only when used
+        report = prefix.apply(body, mode, preset, self.volatile, session, keyed=keyed)
         ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
         if report.kinds and mode in ("move", "strip"):
             action = "moved" if report.moved else "stripped" if mode == "strip" else "found"

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import orjson
@@ -182,8 +182,7 @@ class Preset:
     discover: Discover | None
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     preset: Preset
     reason: RouteReason
 

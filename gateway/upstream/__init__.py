@@ -16,8 +16,7 @@ Both are tested against the same contract, so either can be chosen with `GATEWAY
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 
 class UpstreamError(Exception):
@@ -48,8 +47,7 @@ class IdleTimeout(UpstreamError):
     kind = "idle_timeout"
 
 
-@dataclass(frozen=True)
-class Timeouts:
+class Timeouts(NamedTuple):
     connect: float
     first_byte: float | None  # response headers; None = bounded only by the caller's deadline
     idle: float | None  # between body chunks

@@ -114,6 +114,7 @@ class AiohttpClient:
     def __init__(self, keepalive_expiry: float) -> None:
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[float, float | None], aiohttp.ClientTimeout] = {}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -135,20 +136,21 @@ class AiohttpClient:
     async def send(
         self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
     ) -> _Response:
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=timeouts.connect, sock_read=timeouts.idle
+        timeout = self._timeouts.get((timeouts.connect, timeouts.idle))
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=None, sock_connect=timeouts.connect, sock_read=timeouts.idle
+            )
+            self._timeouts[(timeouts.connect, timeouts.idle)] = timeout
+        request = self._get_session().request(
+            "POST", url, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )
         with _before_headers():
-            async with asyncio.timeout(timeouts.first_byte):
-                response = await self._get_session().request(
-                    "POST",
-                    url,
-                    data=body,
-                    headers=headers,
-                    timeout=timeout,
-                    allow_redirects=False,
-                    compress=None,
-                )
+            if timeouts.first_byte is None:
+                response = await request
+            else:
+                async with asyncio.timeout(timeouts.first_byte):
+                    response = await request
         return _Response(response)
 
     async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
