@@ -3,12 +3,17 @@
 Benchmarks measure the gateway, not the replica: this answers `POST` with a fixed chat completion
 (or, for `"stream": true`, N SSE chunks) and `GET /health` with 200, with keep-alive, in a few
 microseconds of CPU. Run it on its own core: `taskset -c 1 python bench/instant_upstream.py PORT`.
+
+    python bench/instant_upstream.py PORT [CHUNKS] [--hold]
+
+`--hold` (for memory tests with many open streams): a streaming answer sends its headers and one
+chunk, then nothing more; the connection stays open until the client closes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 
 import orjson
 
@@ -30,13 +35,18 @@ def _response(body: bytes, content_type: bytes = b"application/json") -> bytes:
     return head + body
 
 
+DELTA = b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}'
+EVENT = b"data: " + DELTA + b"\n\n"
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+# --hold: the headers and one event, then silence until the client leaves.
+HELD_STREAM = STREAM_HEAD + b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+
+
 def stream_response(chunks: int) -> bytes:
-    delta = b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}'
-    event = b"data: " + delta + b"\n\n"
     usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % chunks
-    parts = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"]
+    parts = [STREAM_HEAD]
     # One HTTP chunk per event, as a real replica sends them.
-    for piece in [event] * chunks + [usage, b"data: [DONE]\n\n"]:
+    for piece in [EVENT] * chunks + [usage, b"data: [DONE]\n\n"]:
         parts.append(b"%x\r\n%s\r\n" % (len(piece), piece))
     parts.append(b"0\r\n\r\n")
     return b"".join(parts)
@@ -44,19 +54,24 @@ def stream_response(chunks: int) -> bytes:
 
 class InstantUpstream(asyncio.Protocol):
     chunks = 64
+    hold = False
 
     def __init__(self) -> None:
-        self.buffer = b""
+        # A bytearray: appending the pieces of a 32 MiB body stays linear (bytes += is quadratic).
+        self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.held = False
         self.answers = {
             False: _response(COMPLETION),
-            True: stream_response(self.chunks),
+            True: HELD_STREAM if self.hold else stream_response(self.chunks),
         }
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.held:
+            return  # a held stream never answers anything else
         self.buffer += data
         while True:
             end = self.buffer.find(b"\r\n\r\n")
@@ -69,19 +84,23 @@ class InstantUpstream(asyncio.Protocol):
                 length = int(head[at + 15 :].split(b"\r\n", 1)[0])
             if len(self.buffer) < end + 4 + length:
                 return
-            body = self.buffer[end + 4 : end + 4 + length]
-            self.buffer = self.buffer[end + 4 + length :]
+            stream = self.buffer.find(b'"stream":true', end + 4, end + 4 + length) >= 0
+            del self.buffer[: end + 4 + length]
             assert self.transport is not None
             if head.startswith(b"get /health"):
                 self.transport.write(_response(b""))
             elif head.startswith(b"get /v1/models"):
                 self.transport.write(_response(MODELS))
             else:
-                self.transport.write(self.answers[b'"stream":true' in body])
+                self.transport.write(self.answers[stream])
+                if stream and self.hold:
+                    self.held = True
+                    return
 
 
-async def serve(port: int, chunks: int = 64) -> None:
+async def serve(port: int, chunks: int = 64, hold: bool = False) -> None:
     InstantUpstream.chunks = chunks
+    InstantUpstream.hold = hold
     server = await asyncio.get_running_loop().create_server(InstantUpstream, "127.0.0.1", port, backlog=4096)
     await server.serve_forever()
 
@@ -89,4 +108,13 @@ async def serve(port: int, chunks: int = 64) -> None:
 if __name__ == "__main__":
     import uvloop
 
-    uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 64))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("port", type=int)
+    parser.add_argument("chunks", type=int, nargs="?", default=64, help="SSE chunks per stream (default 64)")
+    parser.add_argument(
+        "--hold", action="store_true", help="streams send one chunk, then hold the connection"
+    )
+    args = parser.parse_args()
+    uvloop.run(serve(args.port, args.chunks, args.hold))

@@ -1,4 +1,4 @@
-"""`fleet-gateway`: serve, check a routing table, run the demo fleet."""
+"""`fleet-gateway`: serve, check a routing table, run the demo fleet, benchmark the presets."""
 
 from __future__ import annotations
 
@@ -43,7 +43,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=18000, help="gateway port (default 18000)")
     demo.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
 
+    bench = commands.add_parser(
+        "bench", help="measure each preset: decode rate, TTFT cold and cached, parallel, tools, images"
+    )
+    bench.add_argument(
+        "--url",
+        default="http://127.0.0.1:18000",
+        help="the gateway or any OpenAI endpoint (default: local gateway)",
+    )
+    bench.add_argument("--api-key", help="sent as a bearer token")
+    bench.add_argument(
+        "--routes", type=Path, help="routing table: presets, settings, replicas to ask /v1/models"
+    )
+    bench.add_argument(
+        "--preset", action="extend", nargs="+", metavar="NAME", help="only these (default: all)"
+    )
+    bench.add_argument(
+        "--out", type=Path, default=Path("bench-results.jsonl"), help="JSON lines appended here"
+    )
+    bench.add_argument("--parallel", type=_positive, help="concurrent streams (default 4; --quick 2)")
+    bench.add_argument(
+        "--decode-tokens", type=_positive, help="tokens per timed request (default 256; --quick 32)"
+    )
+    bench.add_argument("--prompt-tokens", type=_positive, help="long prompt (default 16000; --quick 1000)")
+    bench.add_argument("--quick", action="store_true", help="tiny numbers, for CI")
+    bench.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("A", "B"), help="print two result files side by side"
+    )
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        # Before the logging set-up: the HTTP client logs every request at INFO, over the progress line.
+        from gateway.benchmark import bench_command
+
+        return bench_command(args)
     settings = Settings()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -57,6 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gateway.demo import run_demo
 
     return run_demo(settings.model_copy(update={"host": args.host, "port": args.port}))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text}")
+    return value
 
 
 def serve_command(settings: Settings) -> int:

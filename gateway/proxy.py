@@ -33,8 +33,8 @@ from gateway.errors import (
     UpstreamServerError,
 )
 from gateway.exchange import Exchange
-from gateway.replicas import Fleet, Replica
-from gateway.rewrite import Endpoint, check_request, requested_task, rewrite
+from gateway.replicas import Fleet, Pool, Replica
+from gateway.rewrite import Endpoint, Plan, check_request, requested_task, rewrite
 from gateway.settings import Settings
 from gateway.table import Preset
 from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
@@ -191,17 +191,32 @@ class Proxy:
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
         attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key)
         try:
-            if preset.abort_on_disconnect:
-                async with asyncio.timeout_at(loop_deadline):
+            # One deadline for the whole answer, retries included.
+            async with asyncio.timeout_at(loop_deadline):
+                if preset.abort_on_disconnect:
                     response, replica = await self.dispatcher.open(attempt)
-            else:
-                response, replica = await self._open_detachable(attempt, loop_deadline)
+                else:
+                    response, replica = await self._open_detachable(attempt, loop_deadline)
+                await self._relay(ex, preset, plan, pool, response, replica, send, loop_deadline)
         except TimeoutError:
-            ex.outcome = "upstream_error"
-            raise GatewayTimeout(
-                f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
-                code="deadline_exceeded",
-            ) from None
+            ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
+            message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
+            if not ex.headers_sent:
+                raise GatewayTimeout(message, code="deadline_exceeded") from None
+            if ex.stream:
+                await relay.end_stream(send, ex, f"{message}; request {ex.request_id}", "deadline_exceeded")
+
+    async def _relay(
+        self,
+        ex: Exchange,
+        preset: Preset,
+        plan: Plan,
+        pool: Pool,
+        response: UpstreamResponse,
+        replica: Replica,
+        send: Send,
+        loop_deadline: float,
+    ) -> None:
         detach = False
         try:
             if response.status >= 300:
@@ -212,27 +227,20 @@ class Proxy:
                     ex,
                     response,
                     drop_usage=plan.usage_injected,
-                    deadline=loop_deadline,
-                    write_timeout=settings.write_timeout,
-                    clock=clock,
+                    write_timeout=self.ctx.settings.write_timeout,
+                    clock=self.ctx.clock,
                     progress=replica.health.progress,
                 )
             else:
-                async with asyncio.timeout_at(loop_deadline):
-                    await relay.send_whole(send, ex, response, clock)
-        except TimeoutError:
-            ex.outcome = "upstream_error"
-            raise GatewayTimeout(
-                "The answer did not finish within the deadline", code="deadline_exceeded"
-            ) from None
+                await relay.send_whole(send, ex, response, self.ctx.clock)
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
             raise UpstreamFailure("The replica's answer broke off", code="upstream_disconnected") from None
         except asyncio.CancelledError:
-            # Deadlines arrive here as TimeoutError; a cancellation is the client leaving or the
-            # server stopping.
-            detach = not preset.abort_on_disconnect
+            # A cancellation is the deadline, the client leaving or the server stopping; only the
+            # last two may leave a detachable answer running.
+            detach = not preset.abort_on_disconnect and not _past(loop_deadline)
             raise
         finally:
             if ex.answer.prompt_tokens:
@@ -330,6 +338,10 @@ async def _shutdown_reply(send: Send, ex: Exchange) -> None:
             await relay.send_error(
                 send, ex, NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
             )
+
+
+def _past(loop_deadline: float) -> bool:
+    return asyncio.get_running_loop().time() >= loop_deadline
 
 
 async def _drain(

@@ -1162,3 +1162,35 @@ def test_sighup_reloads_the_routes_file(routes_file: Path) -> None:
             assert data_events(out[0].body)[-1] == "[DONE]"
         finally:
             gateway.stop()
+
+
+def test_a_stream_past_its_deadline_ends_with_one_error_event() -> None:
+    """The overall deadline (timeouts.read) also bounds a stream: one deadline_exceeded event, no [DONE]."""
+    with (
+        fault_server(Sse(events=50, delay=0.1), name="A") as a,
+        run_gateway(routes_yaml([("A", a.url)], timeouts={"read": 1, "idle": 5})) as gw,
+    ):
+        started = now()
+        response = http_request(address_of(gw.url), "POST", CHAT, chat_body(stream=True), timeout=10)
+        elapsed = now() - started
+    assert response.status == 200
+    events = data_events(response.body)
+    assert events and events[-1] != "[DONE]"
+    errors = error_events(response.body)
+    assert [e["code"] for e in errors] == ["deadline_exceeded"]
+    assert elapsed < 4  # cut at the 1 s deadline, not after the 5 s stream
+
+
+def test_a_non_streaming_answer_past_its_deadline_is_504() -> None:
+    """A non-streaming answer's headers come at the end: past the deadline it is a 504."""
+    with (
+        fault_server(Reply(delay=3), name="A") as a,
+        run_gateway(routes_yaml([("A", a.url)], timeouts={"read": 1})) as gw,
+    ):
+        response = http_request(address_of(gw.url), "POST", CHAT, chat_body(), timeout=10)
+    assert_envelope(response, 504, "timeout")
+    assert strict_code(response) == "deadline_exceeded"
+
+
+def strict_code(response: RawResponse) -> str:
+    return str(json.loads(response.body)["error"]["code"])
