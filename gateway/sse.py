@@ -19,7 +19,10 @@ _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
 _CONTENT = re.compile(rb'"(?:content|text)":\s*"(?!")|"tool_calls":\s*\[\s*\{')
 _REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"(?!")')
-_WORTH_PARSING = (b'"finish_reason":"', b'"finish_reason": "', b'"usage"', b'"timings"')
+# Plain substring tests, far cheaper than a regex scan of every block, in the compact spelling both
+# engines emit. A finish reason that is not null, and usage (llama-server's timings come with it,
+# and the gateway asks for usage on every stream).
+_MARKERS = (b'"finish_reason":"', b'"usage"')
 
 
 class SseRelay:
@@ -27,7 +30,6 @@ class SseRelay:
         self.answer = answer
         self.drop_usage = drop_usage  # the gateway asked for usage; the client did not
         self.first_token_at: float | None = None
-        self.events = 0
         self._clock = clock
         self._pending = bytearray()
 
@@ -62,28 +64,38 @@ class SseRelay:
 
     def _inspect(self, block: bytes) -> bytes:
         answer = self.answer
-        if self.first_token_at is None and (_CONTENT.search(block) or _REASONING.search(block)):
-            self.first_token_at = self._clock()
-        if not answer.content_seen and _CONTENT.search(block):
-            answer.content_seen = True
-        if not answer.reasoning_seen and _REASONING.search(block):
-            answer.reasoning_seen = True
-        if not any(marker in block for marker in _WORTH_PARSING):
-            self.events += block.count(b"data:")
+        if not answer.content_seen:
+            # Reasoning only matters until an answer appears (the first token; the thinking trap).
+            if _CONTENT.search(block):
+                answer.content_seen = True
+            elif not answer.reasoning_seen and _REASONING.search(block):
+                answer.reasoning_seen = True
+            if self.first_token_at is None and (answer.content_seen or answer.reasoning_seen):
+                self.first_token_at = self._clock()
+        if not _worth_parsing(block):
             return block
+        # Reads often hold many events at once; only the few that carry a finish reason or usage
+        # are parsed, the rest pass as they are.
         pieces = _SPLIT.split(block)
         kept: list[bytes] = []
         for index in range(0, len(pieces), 2):
             event = pieces[index]
             separator = pieces[index + 1] if index + 1 < len(pieces) else b""
-            payload = _data(event)
-            if payload is not None:
-                self.events += 1
-                answer.read_chunk(payload)
-                if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
-                    continue
+            if _worth_parsing(event):
+                payload = _data(event)
+                if payload is not None:
+                    answer.read_chunk(payload)
+                    if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
+                        continue
             kept.append(event + separator)
         return b"".join(kept)
+
+
+def _worth_parsing(data: bytes) -> bool:
+    for marker in _MARKERS:
+        if marker in data:
+            return True
+    return False
 
 
 def _last_boundary(data: bytes | bytearray, start: int) -> int:
