@@ -19,6 +19,7 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.balancer import retry_order
+from gateway.blobs import Blobs, put_back
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.exchange import Exchange
 from gateway.health import Outcome
@@ -77,6 +78,7 @@ class Attempt:
     refused: list[str] = field(default_factory=list)  # replicas that refused the connection
     encoded: dict[int | None, tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
     ticket: int = 0
+    blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
 
 
 class Dispatcher:
@@ -223,7 +225,7 @@ class Dispatcher:
         if context not in attempt.encoded:
             capped, note = cap_to_context(attempt.body, context)
             if attempt.size > self.offload_bytes:
-                data = await asyncio.to_thread(orjson.dumps, capped)
+                data = await asyncio.to_thread(_serialise, capped, attempt.blobs)
             else:
                 data = orjson.dumps(capped)
             attempt.encoded[context] = (data, note)
@@ -231,6 +233,10 @@ class Dispatcher:
         if note is not None and note not in attempt.ex.rewrites:
             attempt.ex.rewrites.append(note)
         return data
+
+
+def _serialise(body: dict[str, Any], blobs: Blobs) -> bytes:
+    return put_back(orjson.dumps(body), blobs)
 
 
 def upstream_headers(ex: Exchange, replica: Replica) -> list[tuple[str, str]]:

@@ -23,7 +23,8 @@ from typing import Any
 
 from gateway import prefix, relay
 from gateway.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
-from gateway.body import ClientGone, has_images, parse_object, read_body
+from gateway.blobs import Blobs
+from gateway.body import ClientGone, has_images, parse_large, parse_object, read_body
 from gateway.errors import (
     GatewayBug,
     GatewayError,
@@ -173,8 +174,9 @@ class Proxy:
         self, endpoint: Endpoint, headers: dict[str, str], raw: bytes, ex: Exchange, send: Send
     ) -> None:
         settings, fleet, clock = self.ctx.settings, self.ctx.fleet(), self.ctx.clock
+        blobs = Blobs()
         if len(raw) > settings.offload_bytes:
-            body = await asyncio.to_thread(parse_object, raw, settings.max_json_depth)
+            body, blobs = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
         else:
             body = parse_object(raw, settings.max_json_depth)
         check_request(body, endpoint)
@@ -189,7 +191,7 @@ class Proxy:
         pool = fleet.pools[preset.name]
         deadline = clock() + preset.timeouts.read
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
-        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key)
+        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key, blobs=blobs)
         try:
             # One deadline for the whole answer, retries included.
             async with asyncio.timeout_at(loop_deadline):
