@@ -74,37 +74,37 @@ class Prober:
             await self.read_metrics(replica)
         return result
 
-    async def read_props(self, replica: Replica) -> None:
+    async def _fetch(self, replica: Replica, path: str) -> bytes | None:
+        """The body of a 200 answer to a GET, or None (a failure here is not a health signal)."""
         try:
             status, body = await self._client.get(
-                replica.url + "/props", _auth(replica), replica.health.config.timeout
+                replica.url + path, _auth(replica), replica.health.config.timeout
             )
-            payload = orjson.loads(body) if status == 200 else None
-        except (UpstreamError, orjson.JSONDecodeError):
-            return
+        except UpstreamError:
+            return None
+        return body if status == 200 else None
+
+    async def _fetch_json(self, replica: Replica, path: str) -> Any:
+        body = await self._fetch(replica, path)
+        try:
+            return None if body is None else orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+
+    async def read_props(self, replica: Replica) -> None:
+        payload = await self._fetch_json(replica, "/props")
         slots = payload.get("total_slots") if isinstance(payload, dict) else None
         if isinstance(slots, int) and slots > 0:
             replica.slots = slots
 
     async def read_metrics(self, replica: Replica) -> None:
-        try:
-            status, body = await self._client.get(
-                replica.url + "/metrics", _auth(replica), replica.health.config.timeout
-            )
-        except UpstreamError:
-            return
-        if status == 200:  # llama-server without --metrics answers 501: nothing to read
+        # llama-server without --metrics answers 501: nothing to read, nothing wrong.
+        body = await self._fetch(replica, "/metrics")
+        if body is not None:
             replica.backend_metrics = parse_backend_metrics(body.decode("utf-8", "replace"))
 
     async def read_models(self, replica: Replica) -> None:
-        try:
-            status, body = await self._client.get(
-                replica.url + "/v1/models", _auth(replica), replica.health.config.timeout
-            )
-            payload = orjson.loads(body) if status == 200 else None
-        except (UpstreamError, orjson.JSONDecodeError):
-            return
-        ids, context = parse_models(payload)
+        ids, context = parse_models(await self._fetch_json(replica, "/v1/models"))
         replica.served_ids = ids or replica.served_ids
         replica.context = context or replica.context
 
