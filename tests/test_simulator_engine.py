@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.simulator import SimConfig
+from gateway.simulator import SimConfig, dialect
 from gateway.simulator import engine as e
 from gateway.simulator.app import SlotPool
 
@@ -59,7 +59,7 @@ def refusal(cfg: SimConfig, body: dict[str, Any], ctype: str | None = "applicati
     ],
 )
 def test_common_tokens(a: bytes, b: bytes, expected: int) -> None:
-    assert e.common_tokens(a, b) == expected
+    assert sim_cache.common_tokens(a, b) == expected
 
 
 def test_n_tokens_counts_started_4_byte_slices() -> None:
@@ -292,7 +292,7 @@ def test_vllm_without_tool_parser_refuses_tools(choice: str | None) -> None:
 
 
 def test_block_cache_rounds_down_to_blocks_and_keeps_the_last_token() -> None:
-    cache = e.BlockCache(block_size=16, capacity=100)
+    cache = sim_cache.BlockCache(block_size=16, capacity=100)
     prompt = b"s" * 4 * 100  # 100 tokens
     assert cache.match_and_insert(prompt) == 0
     assert cache.match_and_insert(prompt) == 96
@@ -303,7 +303,7 @@ def test_block_cache_rounds_down_to_blocks_and_keeps_the_last_token() -> None:
 
 
 def test_block_cache_is_lru_bounded() -> None:
-    cache = e.BlockCache(block_size=1, capacity=4)
+    cache = sim_cache.BlockCache(block_size=1, capacity=4)
     cache.match_and_insert(b"aaaabbbbccccdddd")
     cache.match_and_insert(b"eeeeffffgggghhhh")
     assert len(cache.blocks) == 4
@@ -311,7 +311,7 @@ def test_block_cache_is_lru_bounded() -> None:
 
 
 def test_slot_cache_picks_longest_prefix_then_lru() -> None:
-    slots = e.SlotCache(3)
+    slots = sim_cache.SlotCache(3)
     slots.store(0, b"system A" * 20)
     slots.store(1, b"system B" * 20)
     prompt = b"system B" * 20 + b"next turn"
@@ -346,13 +346,13 @@ def test_slot_pool_is_fifo_and_survives_cancelled_waiters() -> None:
     assert asyncio.run(scenario()) == ["b", "d"]
 
 
-def reply(cfg: SimConfig, body: dict[str, Any], cached: int = 0) -> e.Reply:
+def reply(cfg: SimConfig, body: dict[str, Any], cached: int = 0) -> dialect.Reply:
     p = prep(cfg, body)
-    return e.Reply("chatcmpl-x", 1, p, e.generate(cfg, p, 1), cached)
+    return dialect.Reply("chatcmpl-x", 1, p, e.generate(cfg, p, 1), cached)
 
 
 def events(cfg: SimConfig, body: dict[str, Any]) -> list[Any]:
-    raw = [data for _, data in e.stream_events(cfg, reply(cfg, body))]
+    raw = [data for _, data in dialect.stream_events(cfg, reply(cfg, body))]
     assert all(d.startswith(b"data: ") and d.endswith(b"\n\n") for d in raw)
     assert raw[-1] == b"data: [DONE]\n\n"
     return [orjson.loads(d[6:]) for d in raw[:-1]]
@@ -396,16 +396,20 @@ def test_llama_stream_shape_has_timings_on_the_last_chunk() -> None:
 
 def test_usage_details_follow_prompt_tokens_details_flag() -> None:
     body = {"messages": USER}
-    assert e.response(VLLM, reply(VLLM, body, 5))["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
+    assert dialect.response(VLLM, reply(VLLM, body, 5))["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 5
+    }
     off = dataclasses.replace(VLLM, prompt_tokens_details=False)
-    assert e.response(off, reply(off, body, 5))["usage"]["prompt_tokens_details"] is None
-    r = e.response(LLAMA, reply(LLAMA, body, 5))
+    assert dialect.response(off, reply(off, body, 5))["usage"]["prompt_tokens_details"] is None
+    r = dialect.response(LLAMA, reply(LLAMA, body, 5))
     assert r["timings"]["cache_n"] == 5
     assert r["timings"]["prompt_n"] == r["usage"]["prompt_tokens"] - 5
 
 
 def test_prometheus_text() -> None:
-    text = e.prometheus({"vllm:num_requests_running": 2, "vllm:prompt_tokens": 7}, e.vllm_labels(VLLM))
+    text = dialect.prometheus(
+        {"vllm:num_requests_running": 2, "vllm:prompt_tokens": 7}, dialect.vllm_labels(VLLM)
+    )
     assert 'vllm:num_requests_running{engine="0",model_name="tiny"} 2.0' in text
     assert 'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 7.0' in text
     assert "# TYPE vllm:prompt_tokens_total counter" in text

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.simulator import engine
+from gateway.simulator import cache, dialect, engine
 from gateway.simulator.engine import SimConfig
 
 FAILURES = (None, "500", "503", "hang", "close")
@@ -138,8 +138,8 @@ class Replica:
         self.counter = 0
         self.in_flight = 0
         self.kv_tokens = 0
-        self.blocks = engine.BlockCache(config.block_size, config.cache_blocks)
-        self.slot_cache = engine.SlotCache(config.slots)
+        self.blocks = cache.BlockCache(config.block_size, config.cache_blocks)
+        self.slot_cache = cache.SlotCache(config.slots)
         self.pool = SlotPool(config.slots, _any_slot if self.vllm else self.slot_cache.pick)
         self.created = int(time.time())
         self.ready_at = time.monotonic() + config.load_seconds
@@ -204,17 +204,17 @@ class Replica:
             kv = prep.prompt_tokens + out.completion_tokens  # reserved whole: close enough for a gauge
             self.kv_tokens += kv
             await self.sleep((prep.prompt_tokens - cached) / self.cfg.prefill_tps)
-            reply = engine.Reply(rid, int(time.time()), prep, out, cached)
+            reply = dialect.Reply(rid, int(time.time()), prep, out, cached)
             if prep.stream:
                 if not self.vllm:
                     await self._start_sse(send)
-                for count, event in engine.stream_events(cfg, reply):
+                for count, event in dialect.stream_events(cfg, reply):
                     await self._decode(count)
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await self._decode(out.completion_tokens)
-                await _send_json(send, 200, engine.response(cfg, reply))
+                await _send_json(send, 200, dialect.response(cfg, reply))
             self.counters.completed += 1
             if not self.vllm:
                 self.slot_cache.store(slot, prep.prompt + out.text().encode())
@@ -250,11 +250,11 @@ class Replica:
 
     async def models(self, request: Request) -> Response:
         if self.vllm:
-            return _json(engine.vllm_models(self.cfg, self.created))
-        return _json(engine.llama_models(self.cfg, self.created, self.loading()))
+            return _json(dialect.vllm_models(self.cfg, self.created))
+        return _json(dialect.llama_models(self.cfg, self.created, self.loading()))
 
     async def props(self, request: Request) -> Response:
-        return _json(engine.llama_props(self.cfg))
+        return _json(dialect.llama_props(self.cfg))
 
     async def slots(self, request: Request) -> Response:
         if request.query_params.get("fail_on_no_slot") == "1" and not self.pool.idle:
@@ -276,7 +276,7 @@ class Replica:
     async def metrics(self, request: Request) -> Response:
         c, cfg, running, waiting = self.counters, self.cfg, self.pool.running, len(self.pool.waiters)
         if self.vllm:
-            text = engine.prometheus(
+            text = dialect.prometheus(
                 {
                     "vllm:num_requests_running": running,
                     "vllm:num_requests_waiting": waiting,
@@ -289,14 +289,14 @@ class Replica:
                     "vllm:prompt_tokens_cached": c.cached_tokens,
                     "vllm:generation_tokens": c.generation_tokens,
                 },
-                engine.vllm_labels(cfg),
+                dialect.vllm_labels(cfg),
             )
         elif not cfg.metrics:
             message = "This server does not support metrics endpoint. Start it with `--metrics`"
             return _json(engine.llama_error(501, message, "not_supported_error").payload, 501)
         else:
             evaluated = c.prompt_tokens - c.cached_tokens
-            text = engine.prometheus(
+            text = dialect.prometheus(
                 {
                     "llamacpp:prompt_tokens": evaluated,
                     "llamacpp:prompt_seconds": evaluated / cfg.prefill_tps,
