@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from gateway.simulator import SimConfig, dialect
+from gateway.simulator import cache as sim_cache
 from gateway.simulator import engine as e
 from gateway.simulator.app import SlotPool
 
