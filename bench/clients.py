@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
 HEADERS = {"content-type": "application/json"}
-KINDS = ("httpx2-post", "httpx2-stream", "httpx-aiohttp", "aiohttp")
+KINDS = ("httpx2-post", "httpx2-stream", "httpx-aiohttp", "aiohttp", "lean")
 
 
 def _cpu() -> float:
@@ -68,6 +68,23 @@ async def _measure(kind: str, url: str, concurrency: int, requests: int) -> dict
             await response.aread()
 
         close = wrapped.aclose
+    elif kind == "lean":
+        # Through the gateway's own interface, as the gateway would call it (GATEWAY_HTTP_CLIENT=lean).
+        # The repository first: as a script, bench/ leads sys.path and bench/gateway.py would shadow it.
+        sys.path.insert(0, str(HERE.parent))
+        from gateway.upstream import Timeouts, create_client
+
+        lean = create_client("lean")
+        headers = list(HEADERS.items())
+        timeouts = Timeouts(connect=5.0, first_byte=None, idle=None)
+
+        async def one() -> None:
+            response = await lean.send(url, headers, BODY, timeouts)
+            async for _ in response.chunks():
+                pass
+            await response.close()
+
+        close = lean.aclose
     else:
         import aiohttp
 

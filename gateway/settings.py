@@ -38,8 +38,9 @@ class Settings(BaseSettings):
     log_requests: bool = True
     log_prompts: bool = False
     log_level: str = "info"
-    # "aiohttp" (default, measured cheapest per request) or "httpx2"; see gateway/upstream/.
-    http_client: str = "aiohttp"
+    # "lean" (default: httptools + asyncio Protocol, the least CPU per request in bench/clients.py),
+    # "aiohttp" or "httpx2"; see gateway/upstream/.
+    http_client: str = "lean"
     # `serve --wait N`: hold start-up until every preset has a ready replica, at most N seconds.
     wait_ready: float = Field(0.0, ge=0)
 

@@ -8,9 +8,10 @@
     ├── BodyFailed         the connection broke while the body was arriving
     └── IdleTimeout        the body stalled for longer than the idle timeout
 
-Two implementations: `aiohttp` (the default; per request it costs a fraction of the CPU of the
-others, see the README's client comparison) and `httpx2` (the maintained continuation of httpx).
-Both are tested against the same contract, so either can be chosen with `GATEWAY_HTTP_CLIENT`.
+Three implementations: `lean` (the default: httptools' response parser under an asyncio Protocol,
+a quarter of aiohttp's CPU per request, see bench/clients.py), `aiohttp` and `httpx2` (the
+maintained continuation of httpx). All are tested against the same contract
+(tests/test_upstream.py), so any can be chosen with `GATEWAY_HTTP_CLIENT`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ KEEPALIVE_EXPIRY = 4.0
 PROBE_BODY_LIMIT = 1024 * 1024
 
 
-def create_client(kind: str = "aiohttp", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:
+def create_client(kind: str = "lean", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:
     if kind == "aiohttp":
         from gateway.upstream.aiohttp_client import AiohttpClient
 
@@ -97,7 +98,11 @@ def create_client(kind: str = "aiohttp", keepalive_expiry: float = KEEPALIVE_EXP
         from gateway.upstream.httpx_client import HttpxClient
 
         return HttpxClient(keepalive_expiry)
-    raise ValueError(f"unknown HTTP client {kind!r}: choose aiohttp or httpx2")
+    if kind == "lean":
+        from gateway.upstream.lean_client import LeanClient
+
+        return LeanClient(keepalive_expiry)
+    raise ValueError(f"unknown HTTP client {kind!r}: choose aiohttp, httpx2 or lean")
 
 
 __all__ = [
