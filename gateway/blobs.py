@@ -33,7 +33,7 @@ def placeholder(index: int) -> bytes:
     return b'"\\u0000fleet-gateway-blob-%d\\u0000"' % index
 
 
-def set_aside(raw: bytes) -> tuple[bytes, Blobs]:
+def set_aside(raw: bytes | bytearray) -> tuple[bytes | bytearray, Blobs]:
     """The raw body with each long `"data:` string literal replaced by a placeholder."""
     blobs = Blobs()
     if len(raw) < MIN_BLOB:

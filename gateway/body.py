@@ -18,11 +18,19 @@ from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge
 Receive = Any  # the ASGI receive callable
 
 
-async def read_body(receive: Receive, content_length: int | None, limit: int, timeout: float) -> bytes:
-    """The whole body, or a 413 without reading it when Content-Length already says it is too big."""
+async def read_body(
+    receive: Receive, content_length: int | None, limit: int, timeout: float
+) -> bytes | bytearray:
+    """The whole body, or a 413 without reading it when Content-Length already says it is too big.
+
+    A body in several pieces is gathered into one bytearray as the pieces come, never joined at
+    the end: joining 32 MiB at once holds the event loop for tens of milliseconds. Everything
+    downstream (orjson, blobs.set_aside) reads a bytearray as it reads bytes.
+    """
     if content_length is not None and content_length > limit:
         raise _too_large(limit)
-    chunks: list[bytes] = []
+    first: bytes | None = None
+    gathered: bytearray | None = None
     size = 0
     try:
         async with asyncio.timeout(timeout):
@@ -35,12 +43,19 @@ async def read_body(receive: Receive, content_length: int | None, limit: int, ti
                     size += len(chunk)
                     if size > limit:
                         raise _too_large(limit)
-                    chunks.append(chunk)
+                    if first is None:
+                        first = chunk
+                    else:
+                        if gathered is None:
+                            gathered = bytearray(first)
+                        gathered += chunk
                 if not message.get("more_body", False):
                     break
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {timeout:g} s") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if gathered is not None:
+        return gathered
+    return first if first is not None else b""
 
 
 class ClientGone(Exception):
@@ -51,7 +66,7 @@ def _too_large(limit: int) -> RequestTooLarge:
     return RequestTooLarge(f"The request body is larger than the limit of {limit} bytes")
 
 
-def parse_object(raw: bytes, max_depth: int) -> dict[str, Any]:
+def parse_object(raw: bytes | bytearray, max_depth: int) -> dict[str, Any]:
     if not raw:
         raise BadRequest("The request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -66,7 +81,7 @@ def parse_object(raw: bytes, max_depth: int) -> dict[str, Any]:
     return body
 
 
-def parse_large(raw: bytes, max_depth: int) -> tuple[dict[str, Any], Blobs]:
+def parse_large(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], Blobs]:
     """For big bodies, on a worker thread: long data: literals set aside, the rest parsed."""
     skeleton, blobs = set_aside(raw)
     return parse_object(skeleton, max_depth), blobs

@@ -146,7 +146,7 @@ class Proxy:
             watcher.cancel()
 
     async def _serve(
-        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes, ex: Exchange, send: Send
+        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
     ) -> None:
         try:
             await self._route_and_relay(endpoint, headers, raw, ex, send)
@@ -171,7 +171,7 @@ class Proxy:
             )
 
     async def _route_and_relay(
-        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes, ex: Exchange, send: Send
+        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
     ) -> None:
         settings, fleet, clock = self.ctx.settings, self.ctx.fleet(), self.ctx.clock
         blobs = Blobs()
