@@ -22,7 +22,7 @@ def _ms(start: float, end: float | None) -> float | None:
 
 def entry(ex: Exchange) -> dict[str, Any]:
     answer = ex.answer
-    return {
+    line = {
         "ts": round(time.time(), 3),
         "request_id": ex.request_id,
         "endpoint": ex.endpoint,
@@ -55,6 +55,9 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "reasoning_tokens": answer.reasoning_tokens,
         "finish_reason": answer.finish_reason,
     }
+    if ex.prompt is not None:
+        line["prompt"] = ex.prompt
+    return line
 
 
 class AccessLog:

@@ -6,7 +6,7 @@ Metrics, the access log and the status page all read this record, so they cannot
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.answer import Answer
 
@@ -47,6 +47,7 @@ class Exchange:
     first_token: float | None = None
     finished: float | None = None
     answer: Answer = field(default_factory=Answer)
+    prompt: Any = None  # only with GATEWAY_LOG_PROMPTS
     headers_sent: bool = False
 
     @property

@@ -180,6 +180,8 @@ class Proxy:
         else:
             body = parse_object(raw, settings.max_json_depth)
         check_request(body, endpoint)
+        if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
+            ex.prompt = body.get("messages", body.get("prompt"))
         task = requested_task(body, headers.get("x-task"))
         route = fleet.table.resolve(body.get("model"), task, endpoint == "chat" and has_images(body))
         preset = route.preset

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     metrics_port: int = 0
     drain_seconds: float = Field(30.0, ge=0)
     log_requests: bool = True
-    log_prompts: bool = False
+    log_prompts: bool = False  # add the request's messages (or prompt) to its access-log line
     log_level: str = "info"
     # "lean" (default: httptools + asyncio Protocol, the least CPU per request in bench/clients.py),
     # "aiohttp" or "httpx2"; see gateway/upstream/.

@@ -56,6 +56,7 @@ from tests.faults import (
     send_raw,
     series_count,
     strict_json,
+    wait_until,
 )
 from tests.harness import Running, run_gateway
 
@@ -1053,3 +1054,18 @@ def test_case_36_metrics_on_their_own_port_leave_the_main_port(upstream: FaultSe
     with run_gateway(routes_yaml([("A", upstream.url)]), metrics_port=free_port()) as running:
         response = http_request(address_of(running.url), "GET", "/metrics", timeout=5)
         assert response.status == 404
+
+
+def test_prompts_reach_the_log_only_when_enabled() -> None:
+    """GATEWAY_LOG_PROMPTS adds the messages to the access log; off by default (case 36)."""
+    canary = [{"role": "user", "content": "PROMPT-CANARY-log"}]
+    body = chat_body(content="PROMPT-CANARY-log")
+    with fault_server(name="A") as a:
+        for enabled in (False, True):
+            with run_gateway(routes_yaml([("A", a.url)]), log_prompts=enabled) as gw:
+                response = http_request(address_of(gw.url), "POST", "/v1/chat/completions", body)
+                assert response.status == 200
+                assert wait_until(lambda: len(gw.log_entries()) == 1, 3)
+                line = gw.log_entries()[0]
+                assert (line.get("prompt") == canary) is enabled
+                assert ("PROMPT-CANARY-log" in json.dumps(line)) is enabled
