@@ -87,6 +87,12 @@ class UpstreamClient(Protocol):
 # replica is closing at that moment (the keep-alive race, NeMo Gym #1555).
 KEEPALIVE_EXPIRY = 4.0
 PROBE_BODY_LIMIT = 1024 * 1024
+# A slow client must not make the gateway hold a replica's burst whole: bodies come in pieces of at
+# most this size.
+CHUNK_LIMIT = 32 * 1024
+# Linux grows a receive buffer up to tcp_rmem's maximum (32 MiB here): a client that reads slowly
+# would let its replica generate that much before backpressure reached it.
+UPSTREAM_RCVBUF = 512 * 1024
 
 
 def create_client(kind: str = "lean", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:

@@ -11,7 +11,9 @@ from typing import Any
 import aiohttp
 
 from gateway.upstream import (
+    CHUNK_LIMIT,
     PROBE_BODY_LIMIT,
+    UPSTREAM_RCVBUF,
     BodyFailed,
     ConnectFailed,
     HeaderTimeout,
@@ -49,11 +51,9 @@ def _in_body() -> Iterator[None]:
         raise BodyFailed("connection broke during the response") from exc
 
 
-CHUNK_LIMIT = 32 * 1024
 # aiohttp pauses reading from the replica when twice this is buffered: what a slow client can make
 # the gateway hold per stream stays small, and TCP backpressure does the rest.
 READ_BUFFER = 16 * 1024
-UPSTREAM_RCVBUF = 512 * 1024
 
 
 class _Response:

@@ -24,7 +24,9 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.upstream import (
+    CHUNK_LIMIT,
     PROBE_BODY_LIMIT,
+    UPSTREAM_RCVBUF,
     BodyFailed,
     ConnectFailed,
     HeaderTimeout,
@@ -35,12 +37,8 @@ from gateway.upstream import (
     UpstreamError,
 )
 
-CHUNK_LIMIT = 32 * 1024  # a slow client must not make the gateway hold a replica's burst whole
 PAUSE_ABOVE = 64 * 1024  # unconsumed bytes held before reading pauses and TCP backpressure takes over
 RESUME_BELOW = 16 * 1024
-# Linux grows a receive buffer up to tcp_rmem's maximum (32 MiB here): a client that reads slowly
-# would let its replica generate that much before backpressure reached it.
-UPSTREAM_RCVBUF = 512 * 1024
 # httptools bounds no header: a replica gone wrong could make a head grow without end (aiohttp's
 # parser stops at 8 KiB a line).
 MAX_HEAD = 256 * 1024
