@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
+TRAP_WARNING = "reasoning consumed max_tokens"
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import prefix, relay
+from gateway.answer import TRAP_WARNING
 from gateway.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.blobs import Blobs
 from gateway.body import ClientGone, has_images, parse_large, parse_object, read_body
@@ -105,7 +106,7 @@ class Proxy:
             if ex.finished is None:
                 ex.finished = self.ctx.clock()
             if ex.answer.thinking_trap:
-                ex.warnings.append(("thinking_trap", relay.TRAP_WARNING))
+                ex.warnings.append(("thinking_trap", TRAP_WARNING))
             self.ctx.record(ex)
 
     async def _handle(

@@ -14,17 +14,16 @@ from typing import Any
 
 import orjson
 
+from gateway.answer import TRAP_WARNING
 from gateway.errors import GatewayError, render, sse_error_event
 from gateway.exchange import Exchange
-from gateway.sse import SseRelay
+from gateway.sse import TRAP_COMMENT, SseRelay
 from gateway.upstream import IdleTimeout, UpstreamError, UpstreamResponse
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Clock = Callable[[], float]
 
 FORWARDED_MESSAGE_LIMIT = 4096
-TRAP_WARNING = "reasoning consumed max_tokens"
-TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
 _CREDENTIAL = re.compile(
     r"(?i)\bbearer\s+\S+|\b(?:api[_-]?key|key|token|secret|password)=\S+|\bsk-[A-Za-z0-9_-]{8,}"
 )
@@ -178,8 +177,8 @@ async def send_stream(
         await send(
             {"type": "http.response.body", "body": sse_error_event(message, failure), "more_body": True}
         )
-    elif ex.answer.thinking_trap:
-        # The headers are long gone; an SSE comment is ignored by clients, seen in the raw stream.
+    elif ex.answer.thinking_trap and not relay.warned:
+        # A stream that ended without [DONE]: the warning still goes last.
         await send({"type": "http.response.body", "body": TRAP_COMMENT, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
     ex.finished = clock()

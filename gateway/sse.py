@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.answer import Answer
+from gateway.answer import TRAP_WARNING, Answer
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
@@ -23,6 +23,11 @@ _REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"(?!")')
 # engines emit. A finish reason that is not null, and usage (llama-server's timings come with it,
 # and the gateway asks for usage on every stream).
 _MARKERS = (b'"finish_reason":"', b'"usage"')
+_DONE = b"data: [DONE]"
+# The thinking trap is known only at the end of a stream, long after the headers left. An SSE
+# comment is ignored by clients' parsers but seen in the raw stream; it goes before [DONE], since
+# most clients stop reading there.
+TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
 
 
 class SseRelay:
@@ -32,6 +37,7 @@ class SseRelay:
         self.first_token_at: float | None = None
         self._clock = clock
         self._pending = bytearray()
+        self.warned = False  # the thinking-trap comment went out
 
     @property
     def pending(self) -> bytes:
@@ -63,6 +69,15 @@ class SseRelay:
         return self._inspect(rest) if rest else b""
 
     def _inspect(self, block: bytes) -> bytes:
+        out = self._pass(block)
+        if not self.warned and self.answer.thinking_trap:
+            done = out.find(_DONE)
+            if done >= 0:
+                self.warned = True
+                return out[:done] + TRAP_COMMENT + out[done:]
+        return out
+
+    def _pass(self, block: bytes) -> bytes:
         answer = self.answer
         if not answer.content_seen:
             # Reasoning only matters until an answer appears (the first token; the thinking trap).

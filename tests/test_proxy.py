@@ -227,6 +227,14 @@ def test_the_thinking_trap_is_flagged(client: openai.OpenAI) -> None:
     assert raw.headers["x-gateway-warning"] == "reasoning consumed max_tokens"
 
 
+def test_the_thinking_trap_is_flagged_on_a_stream_before_done(gw: Running) -> None:
+    body = {"model": "thinker", "messages": HELLO, "max_tokens": 200, "stream": True}
+    with httpx2.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        text = response.read().decode()
+    assert '"finish_reason":"length"' in text
+    assert text.endswith(": gateway-warning: reasoning consumed max_tokens\n\ndata: [DONE]\n\n")
+
+
 def test_cached_tokens_are_reported_on_a_repeat(client: openai.OpenAI) -> None:
     messages = [{"role": "system", "content": "A long and stable system prompt. " * 40}, *HELLO]
     first = client.chat.completions.with_raw_response.create(model="vision", messages=messages)

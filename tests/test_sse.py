@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from gateway.answer import Answer
-from gateway.sse import SseRelay
+from gateway.sse import TRAP_COMMENT, SseRelay
 
 STREAM = (
     b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -73,9 +73,8 @@ def test_first_token_is_the_first_non_empty_content_or_reasoning() -> None:
     assert relay.first_token_at == 10.0
 
 
-@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
-def test_the_thinking_trap_is_seen_in_a_stream(field: str) -> None:
-    stream = (
+def trapped(field: str) -> bytes:
+    return (
         b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
         + b'data: {"choices":[{"delta":{"'
         + field.encode()
@@ -83,8 +82,27 @@ def test_the_thinking_trap_is_seen_in_a_stream(field: str) -> None:
         + b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\n'
         + b"data: [DONE]\n\n"
     )
-    _, relay = relay_all([stream])
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_the_thinking_trap_is_seen_in_a_stream(field: str) -> None:
+    _, relay = relay_all([trapped(field)])
     assert relay.answer.thinking_trap
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 10_000])
+def test_the_trap_comment_goes_just_before_done_once(size: int) -> None:
+    """Clients stop reading at [DONE]; the comment must come before it, whatever the chunking."""
+    stream = trapped("reasoning_content")
+    out, relay = relay_all([stream[i : i + size] for i in range(0, len(stream), size)])
+    done = stream.index(b"data: [DONE]")
+    assert out == stream[:done] + TRAP_COMMENT + stream[done:]
+    assert relay.warned
+
+
+def test_no_trap_comment_when_an_answer_came() -> None:
+    out, relay = relay_all([STREAM.replace(b'"stop"', b'"length"')])
+    assert TRAP_COMMENT not in out and not relay.warned
 
 
 def test_a_one_megabyte_event_in_one_byte_pieces_is_linear() -> None:
