@@ -119,6 +119,9 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
     assert all(e["replica"] == "r0" for e in cut), cut
     retried = [e for e in entries if e["retries"]]
     assert all(e["status"] == 200 for e in retried)
+    print(
+        f"case 17 (real): outcomes {dict(outcomes)}, {len(retried)} retried on the survivor, {len(cut)} cut"
+    )
     assert killed_at > 0
 
 
