@@ -1,4 +1,4 @@
-"""The default upstream client, on aiohttp: its connection pool costs a fraction of httpcore's per request."""
+"""An upstream client on aiohttp (`GATEWAY_HTTP_CLIENT=aiohttp`); its pool costs a fraction of httpcore's."""
 
 from __future__ import annotations
 
