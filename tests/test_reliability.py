@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import logging
 import random
@@ -1194,3 +1195,54 @@ def test_a_non_streaming_answer_past_its_deadline_is_504() -> None:
 
 def strict_code(response: RawResponse) -> str:
     return str(json.loads(response.body)["error"]["code"])
+
+
+# --- memory ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_failing_requests_leave_no_memory_behind(routes_file: Path) -> None:
+    """Goal figure: RSS growth < 5 MB per 1,000 failing requests (a second batch after an identical
+    warm-up batch), over every way a request fails: a replica's 503 (retried), 500 and 400, a reset
+    before headers, a replica that refuses connections, and bodies the gateway itself refuses."""
+    answers = itertools.cycle(
+        [
+            Reply(status=503, body={"error": {"message": "busy"}}),
+            Reply(status=500, body={"error": {"message": "template failed"}}),
+            Reply(status=400, body={"error": {"message": "context overflow"}}),
+            ResetBeforeHeaders(),
+        ]
+    )
+    bodies: list[dict[str, Any] | bytes] = [
+        chat_body(),
+        chat_body(stream=True),
+        b'{"model": "m", "messages": [',  # invalid JSON
+        {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+    ]
+    with fault_server(name="A", route=lambda request: next(answers)) as a:
+        closed = f"http://127.0.0.1:{free_port()}"
+        routes_file.write_text(routes_yaml([("A", a.url), ("B", closed)]))
+        gateway = GatewayProcess(routes_file, free_port(), GATEWAY_LOG_REQUESTS="false").start()
+        assert gateway.proc is not None
+        pid = gateway.proc.pid
+        try:
+
+            def batch() -> Counter[int]:
+                statuses: Counter[int] = Counter()
+                with httpx2.Client(base_url=f"http://{gateway.address[0]}:{gateway.address[1]}") as client:
+                    for i in range(1000):
+                        body = bodies[i % len(bodies)]
+                        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                        response = client.post(CHAT, content=content, timeout=10)
+                        statuses[response.status_code] += 1
+                return statuses
+
+            warm = batch()
+            before = rss_bytes(pid)
+            second = batch()
+            growth = rss_bytes(pid) - before
+        finally:
+            gateway.stop()
+    assert set(warm) == set(second) and not any(200 <= s < 300 for s in second), second
+    print(f"failing requests: {dict(second)}; RSS growth over the second 1,000: {growth / 1e6:.2f} MB")
+    assert growth < 5 * 1024 * 1024, f"{growth / 1e6:.1f} MB per 1,000 failing requests"
