@@ -530,7 +530,9 @@ class Conn(asyncio.Protocol):
 
     async def drain(self) -> None:
         await self._writable.wait()
-        if self.gone:
+        # A closing transport drops writes (see write()): a behaviour that loops until it has sent
+        # enough would spin for good, holding the GIL in a thread that stop() can no longer join.
+        if self.gone or self.transport is None or self.transport.is_closing():
             raise ConnectionGone
 
     def close(self) -> None:
