@@ -459,6 +459,7 @@ def test_case_13_client_disconnects_mid_stream() -> None:
         assert conn.eof.wait(3), "the replica never saw the client leave"
         assert conn.t_eof is not None
         assert conn.t_eof - closed_at <= 0.5, conn.t_eof - closed_at  # gate 100 ms (measured 1 ms)
+        print(f"case 13: replica EOF {(conn.t_eof - closed_at) * 1000:.1f} ms after the client closed")
         assert wait_until(lambda: fresh_metric(gw, "gateway_in_flight", replica="A") == in_flight, 2)
         assert wait_until(
             lambda: (
@@ -485,6 +486,7 @@ def test_case_14_client_disconnects_during_ttft() -> None:
         assert conn.eof.wait(4), "the replica kept working for a client that left"
         assert conn.t_eof is not None
         assert conn.t_eof - closed_at < 3.0  # gate 1 s (measured 1 ms with a watcher, 4.5 s without)
+        print(f"case 14: replica EOF {(conn.t_eof - closed_at) * 1000:.1f} ms after the client closed")
 
 
 def test_case_15_client_disconnects_non_streaming() -> None:
@@ -504,6 +506,7 @@ def test_case_15_client_disconnects_non_streaming() -> None:
             assert conn.eof.wait(4), "the replica kept generating for a client that left"
             assert conn.t_eof is not None
             assert conn.t_eof - closed_at < 3.0  # gate 1 s (measured: never, without a watcher)
+            print(f"case 15: replica EOF {(conn.t_eof - closed_at) * 1000:.1f} ms after the client closed")
             entry = last_entry(gw)
             assert entry["status"] == 499, entry
             assert entry["outcome"] == "client_disconnected"

@@ -175,6 +175,7 @@ def test_a_streaming_client_that_leaves_frees_the_replicas_slot(single: tuple[Ll
         sock.close()
     freed = wait_for(lambda: busy_slots(server) == 0, 5)
     assert freed is not None and freed < 1.5, freed
+    print(f"case 13 (real): slot idle {freed * 1000:.0f} ms after the client closed")
     entry = next(e for e in reversed(gw.log_entries()) if e["endpoint"] == "chat")
     assert (entry["outcome"], entry["disconnect_phase"]) == ("client_disconnected", "streaming")
 
@@ -205,5 +206,6 @@ def test_a_non_streaming_client_that_leaves_closes_the_upstream_connection(
         sock.close()
     closed = wait_for(lambda: server_side_close_wait(server.port) >= 1, 5)
     assert closed is not None and closed < 1.0, closed
+    print(f"case 15 (real): upstream connection closed {closed * 1000:.0f} ms after the client")
     entry = next(e for e in reversed(gw.log_entries()) if e["endpoint"] == "chat")
     assert (entry["outcome"], entry["disconnect_phase"]) == ("client_disconnected", "waiting")
