@@ -70,7 +70,8 @@ class SseRelay:
 
     def _inspect(self, block: bytes) -> bytes:
         out = self._pass(block)
-        if not self.warned and self.answer.thinking_trap:
+        # finish_reason first: one attribute test per block on the hot path.
+        if self.answer.finish_reason == "length" and not self.warned and self.answer.thinking_trap:
             done = out.find(_DONE)
             if done >= 0:
                 self.warned = True
