@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client import CollectorRegistry
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -138,7 +138,10 @@ def size(driver: Any, width: int, height: int) -> None:
 def wait(driver: Any, condition: Callable[[Any], Any], timeout: float = 10, what: str = "") -> Any:
     """Poll the page (every 0.1 s, at most `timeout` s) until `condition` holds."""
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+        # The page re-renders every 2 s: an element a condition holds may be replaced under it.
+        return WebDriverWait(
+            driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(condition)
     except TimeoutException:
         body = driver.find_element(By.TAG_NAME, "body").text
         raise AssertionError(f"timed out waiting for {what or condition}; page says:\n{body}") from None
@@ -149,10 +152,12 @@ def text(driver: Any, css: str) -> str:
 
 
 def rows(driver: Any) -> dict[str, str]:
-    return {
-        row.get_attribute("data-replica"): row.get_attribute("data-state")
-        for row in driver.find_elements(By.CSS_SELECTOR, "tr.replica")
-    }
+    # One script, so a re-render between two element reads cannot leave a stale handle.
+    found: dict[str, str] = driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('tr.replica')]"
+        ".map(r => [r.dataset.replica, r.dataset.state]))"
+    )
+    return found
 
 
 def open_ui(driver: Any, url: str, presets: int = 2) -> None:
@@ -313,8 +318,13 @@ def test_laptop_and_phone_widths(page: Any, gw: Running, client: openai.OpenAI) 
     )
     assert wider == []
     # Replica rows stack inside their card rather than scroll: every cell is inside the card.
-    for card in page.find_elements(By.CSS_SELECTOR, "article.preset"):
-        right = card.rect["x"] + card.rect["width"]
-        for cell in card.find_elements(By.CSS_SELECTOR, "tr.replica > *"):
-            assert cell.rect["x"] + cell.rect["width"] <= right + 0.5
+    # Measured in one script: the page re-renders every 2 s, which would leave Python's handles stale.
+    cells, outside = page.execute_script(
+        "const cards = [...document.querySelectorAll('article.preset')];"
+        "const cells = cards.flatMap(card => [...card.querySelectorAll('tr.replica > *')]"
+        "  .map(cell => [cell, card.getBoundingClientRect().right]));"
+        "return [cells.length, cells.filter(([cell, right]) =>"
+        "  cell.getBoundingClientRect().right > right + 0.5).map(([cell]) => cell.textContent)];"
+    )
+    assert cells > 0 and outside == [], outside
     screenshot(page, "ui-phone.png")
