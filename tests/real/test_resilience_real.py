@@ -15,7 +15,7 @@ import httpx2
 import orjson
 import pytest
 
-from tests.harness import Running, run_gateway
+from tests.harness import Running, eventually, run_gateway
 
 from .backends import LlamaServer
 
@@ -146,7 +146,7 @@ def single(tiny_gguf: Path) -> Iterator[tuple[LlamaServer, Running]]:
         yield server, gw
 
 
-def open_raw(gw: Running, stream: bool) -> socket.socket:
+def open_raw(gw: Running, stream: bool, request_id: str) -> socket.socket:
     body = orjson.dumps(
         {
             "messages": [{"role": "user", "content": "go on forever"}],
@@ -159,7 +159,7 @@ def open_raw(gw: Running, stream: bool) -> socket.socket:
     sock = socket.create_connection((host, int(port)))
     sock.sendall(
         b"POST " + CHAT.encode() + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (request_id.encode(), len(body), body)
     )
     return sock
 
@@ -167,7 +167,7 @@ def open_raw(gw: Running, stream: bool) -> socket.socket:
 def test_a_streaming_client_that_leaves_frees_the_replicas_slot(single: tuple[LlamaServer, Running]) -> None:
     """Case 13 for real: llama-server's slot is idle within a second of the client closing its socket."""
     server, gw = single
-    sock = open_raw(gw, stream=True)
+    sock = open_raw(gw, stream=True, request_id="case-13")
     try:
         assert wait_for(lambda: busy_slots(server) == 1, 10) is not None
         assert sock.recv(1024)  # the stream really started
@@ -176,8 +176,18 @@ def test_a_streaming_client_that_leaves_frees_the_replicas_slot(single: tuple[Ll
     freed = wait_for(lambda: busy_slots(server) == 0, 5)
     assert freed is not None and freed < 1.5, freed
     print(f"case 13 (real): slot idle {freed * 1000:.0f} ms after the client closed")
-    entry = next(e for e in reversed(gw.log_entries()) if e["endpoint"] == "chat")
+    entry = log_entry(gw, "case-13")
     assert (entry["outcome"], entry["disconnect_phase"]) == ("client_disconnected", "streaming")
+
+
+def log_entry(gw: Running, request_id: str) -> dict:
+    """The access-log line of an abandoned request. The gateway writes it when the cancelled handler
+    unwinds, which can be a moment after the upstream socket is already closed."""
+    entry = eventually(
+        lambda: next((e for e in gw.log_entries() if e["request_id"] == request_id), None)
+    )
+    assert entry is not None, f"no access-log line for {request_id}"
+    return entry
 
 
 def server_side_close_wait(port: int) -> int:
@@ -199,7 +209,7 @@ def test_a_non_streaming_client_that_leaves_closes_the_upstream_connection(
     one it finishes the generation (up to max_tokens) before it sees the close, so the slot stays
     busy; the README says so. What the gateway owes, closing the connection, is checked here."""
     server, gw = single
-    sock = open_raw(gw, stream=False)
+    sock = open_raw(gw, stream=False, request_id="case-15")
     try:
         assert wait_for(lambda: busy_slots(server) == 1, 10) is not None
     finally:
@@ -207,5 +217,5 @@ def test_a_non_streaming_client_that_leaves_closes_the_upstream_connection(
     closed = wait_for(lambda: server_side_close_wait(server.port) >= 1, 5)
     assert closed is not None and closed < 1.0, closed
     print(f"case 15 (real): upstream connection closed {closed * 1000:.0f} ms after the client")
-    entry = next(e for e in reversed(gw.log_entries()) if e["endpoint"] == "chat")
+    entry = log_entry(gw, "case-15")
     assert (entry["outcome"], entry["disconnect_phase"]) == ("client_disconnected", "waiting")
