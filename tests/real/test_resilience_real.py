@@ -183,9 +183,7 @@ def test_a_streaming_client_that_leaves_frees_the_replicas_slot(single: tuple[Ll
 def log_entry(gw: Running, request_id: str) -> dict:
     """The access-log line of an abandoned request. The gateway writes it when the cancelled handler
     unwinds, which can be a moment after the upstream socket is already closed."""
-    entry = eventually(
-        lambda: next((e for e in gw.log_entries() if e["request_id"] == request_id), None)
-    )
+    entry = eventually(lambda: next((e for e in gw.log_entries() if e["request_id"] == request_id), None))
     assert entry is not None, f"no access-log line for {request_id}"
     return entry
 
