@@ -71,6 +71,16 @@ TARGETS: dict[str, tuple[str, float]] = {
     "lag_p99": ("<=", 50),
 }
 
+# The minimal proxy's figures in the harness where the targets were set (the performance issue).
+# The same proxy run here gives this machine's speed: a target scaled by here / there is what the
+# gateway owes on this host.
+MINIMAL_THERE: dict[str, float] = {
+    "rps_64": 6800,
+    "streams_32": 2600,
+    "latency_1_p50_added": 0.37,
+    "ttft_1_p50_added": 0.52,
+}
+
 SYSTEM_PROMPT = (
     "You are a senior software engineer working in the user's repository through tools. Read the "
     "relevant files before changing them, keep changes small and explain each one. Prefer the "
@@ -771,9 +781,12 @@ class Recorder:
 
 
 class Bench:
-    def __init__(self, plan: Plan, use_nginx: bool, profile: bool, recorder: Recorder) -> None:
+    def __init__(
+        self, plan: Plan, use_nginx: bool, use_minimal: bool, profile: bool, recorder: Recorder
+    ) -> None:
         self.plan = plan
         self.use_nginx = use_nginx
+        self.use_minimal = use_minimal
         self.profile = profile
         self.rec = recorder
         self.procs = Processes()
@@ -812,6 +825,22 @@ class Bench:
             stdout=subprocess.DEVNULL,
             stderr=self._file("gateway.err"),
         )
+        minimal = None
+        if self.use_minimal:
+            minimal_port = free_port()
+            minimal_argv = [
+                python,
+                str(HERE / "minimal_proxy.py"),
+                str(minimal_port),
+                str(upstream),
+                str(hold),
+            ]
+            minimal = self.procs.start(
+                "minimal",
+                [*pin(0), *minimal_argv],
+                stdout=subprocess.DEVNULL,
+                stderr=self._file("minimal.err"),
+            )
         nginx = None
         binary = nginx_binary() if self.use_nginx else None
         if binary:
@@ -842,6 +871,12 @@ class Bench:
             raise BenchError(f"{exc}\n{(self.tmp / 'gateway.err').read_text()[-3000:]}") from None
         self.gateway = Contender("gateway", gateway_port, gateway.pid, CHAT)
         self.contenders.append(self.gateway)
+        if minimal is not None:
+            try:
+                wait_ready(minimal_port, "/health", minimal, "the minimal proxy", 30)
+            except BenchError as exc:
+                raise BenchError(f"{exc}\n{(self.tmp / 'minimal.err').read_text()[-3000:]}") from None
+            self.contenders.append(Contender("minimal", minimal_port, minimal.pid, "/hold" + CHAT))
         if nginx is not None:
             try:
                 wait_ready(nginx_port, "/health", nginx, "nginx", 15)
@@ -1272,7 +1307,16 @@ def _target_text(key: str) -> str:
 
 
 def table(rec: Recorder, names: list[str]) -> str:
-    header = ["metric", "unit", *names, "gateway vs direct", "target", "result"]
+    minimal = "minimal" in names
+    header = [
+        "metric",
+        "unit",
+        *names,
+        "gateway vs direct",
+        *(["vs minimal"] if minimal else []),
+        "target",
+        "result",
+    ]
     rows = [header]
     for row in ROWS:
         values = [rec.get(name, row.metric) for name in names]
@@ -1289,6 +1333,8 @@ def table(rec: Recorder, names: list[str]) -> str:
             cells.append(f"{gateway / direct:.3f}x")
         else:
             cells.append("")
+        if minimal:
+            cells.append(_versus_minimal(rec, row))
         verdict = meets(rec, row.target) if row.target else None
         cells += [
             _target_text(row.target) if row.target else "",
@@ -1305,6 +1351,63 @@ def table(rec: Recorder, names: list[str]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _versus_minimal(rec: Recorder, row: Row) -> str:
+    if row.compare == "added":
+        gateway, minimal = (
+            rec.get("gateway", row.metric + "_added"),
+            rec.get("minimal", row.metric + "_added"),
+        )
+        return "" if gateway is None or minimal is None else f"{gateway - minimal:+.3f} ms"
+    gateway, minimal = rec.get("gateway", row.metric), rec.get("minimal", row.metric)
+    if row.compare == "ratio" and gateway is not None and minimal:
+        return f"{gateway / minimal:.3f}x"
+    return ""
+
+
+def scale_targets(rec: Recorder) -> None:
+    """Each target the minimal proxy has a reference figure for, scaled to this machine by what the
+    minimal proxy measured here (recorded as `<target>_scaled`)."""
+    for key, there in MINIMAL_THERE.items():
+        here = rec.get("minimal", key)
+        if here is None or here <= 0:
+            continue
+        op, bound = TARGETS[key]
+        rec.add(
+            "gateway",
+            key + "_scaled",
+            bound * here / there,
+            "ms" if key.endswith("_added") else "/s",
+            op=op,
+            target=bound,
+            minimal_here=here,
+            minimal_there=there,
+            gateway=rec.get("gateway", key),
+        )
+
+
+def scaled_summary(rec: Recorder) -> str:
+    """The targets scaled to this machine, and whether the gateway meets them: a few lines."""
+    lines = []
+    for key, there in MINIMAL_THERE.items():
+        scaled, detail = rec.get("gateway", key + "_scaled"), rec.detail("gateway", key + "_scaled")
+        if scaled is None or detail is None or detail["gateway"] is None:
+            continue
+        op, gateway, here = detail["op"], detail["gateway"], detail["minimal_here"]
+        ok = gateway <= scaled if op == "<=" else gateway >= scaled
+        fmt = "{:+.3f} ms" if key.endswith("_added") else "{:,.0f}"
+        lines.append(
+            f"  {key:<20} minimal {fmt.format(here)} here, {fmt.format(there)} there:"
+            f" {op} {fmt.format(detail['target'])} becomes {op} {fmt.format(scaled)};"
+            f" gateway {fmt.format(gateway)}  {'pass' if ok else 'FAIL'}"
+        )
+    if not lines:
+        return ""
+    head = (
+        "targets scaled to this machine by the minimal proxy (bench/minimal_proxy.py), target x here / there:"
+    )
+    return "\n".join([head, *lines])
 
 
 class Noise:
@@ -1420,6 +1523,11 @@ def main() -> int:
         "--out", type=Path, default=DEFAULT_OUT, help=f"JSON lines, appended (default {DEFAULT_OUT})"
     )
     parser.add_argument("--no-nginx", action="store_true", help="leave out the nginx reference")
+    parser.add_argument(
+        "--minimal",
+        action=argparse.BooleanOptionalAction,
+        help="run the minimal Python proxy beside the gateway (default: on, off with --quick)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway in an extra rps_64 run")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PARAMS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1454,7 +1562,10 @@ def main() -> int:
             "duration_s": plan.duration,
         }
     )
-    bench = Bench(plan, use_nginx=not args.no_nginx, profile=args.profile, recorder=recorder)
+    use_minimal = not plan.quick if args.minimal is None else args.minimal
+    bench = Bench(
+        plan, use_nginx=not args.no_nginx, use_minimal=use_minimal, profile=args.profile, recorder=recorder
+    )
     began = time.monotonic()
     load = Noise()
     with terminate_cleanly():
@@ -1475,6 +1586,7 @@ def main() -> int:
             return 1
         finally:
             bench.close()
+    scale_targets(recorder)
     wall = time.monotonic() - began
     noise = load.report()
     for line in recorder.lines:
@@ -1487,6 +1599,9 @@ def main() -> int:
     names = [c.name for c in bench.contenders]
     print()
     print(table(recorder, names))
+    summary = scaled_summary(recorder)
+    if summary:
+        print("\n" + summary)
     commit = sha + ("+dirty" if dirty else "")
     print(
         f"\n{recorder.common['date']}  {platform.machine()}, {nproc} cores  commit {commit}"

@@ -16,7 +16,7 @@ import orjson
 from gateway.answer import TRAP_WARNING, Answer
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-_SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _CONTENT = re.compile(rb'"(?:content|text)":\s*"(?!")|"tool_calls":\s*\[\s*\{')
 _REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"(?!")')
 # Plain substring tests, far cheaper than a regex scan of every block, in the compact spelling both
@@ -88,28 +88,47 @@ class SseRelay:
                 answer.reasoning_seen = True
             if self.first_token_at is None and (answer.content_seen or answer.reasoning_seen):
                 self.first_token_at = self._clock()
-        if not _worth_parsing(block):
+        finish, usage = block.find(_MARKERS[0]), block.find(_MARKERS[1])
+        if finish < 0 and usage < 0:
             return block
-        # Reads often hold many events at once; only the few that carry a finish reason or usage
-        # are parsed, the rest pass as they are.
-        pieces = _SPLIT.split(block)
+        # Reads often hold many events at once (64 after a stall): only the one or two that carry
+        # a finish reason or usage are cut out and parsed; the bytes around them pass as they are.
         kept: list[bytes] = []
-        for index in range(0, len(pieces), 2):
-            event = pieces[index]
-            separator = pieces[index + 1] if index + 1 < len(pieces) else b""
-            if _worth_parsing(event):
-                payload = _data(event)
-                if payload is not None:
-                    answer.read_chunk(payload)
-                    if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
-                        continue
-            kept.append(event + separator)
+        copied = 0  # block[:copied] is in `kept` or dropped
+        after = 0
+        while finish >= 0 or usage >= 0:
+            at = usage if finish < 0 or 0 <= usage < finish else finish
+            start, end, after = _event_around(block, at, after)
+            payload = _data(block[start:end])
+            if payload is not None:
+                answer.read_chunk(payload)
+                if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
+                    kept.append(block[copied:start])
+                    copied = after
+            # Each marker is searched for again only once passed: one scan of the block for each.
+            if 0 <= finish < after:
+                finish = block.find(_MARKERS[0], after)
+            if 0 <= usage < after:
+                usage = block.find(_MARKERS[1], after)
+        if not copied:
+            return block
+        kept.append(block[copied:])
         return b"".join(kept)
 
 
-def _worth_parsing(data: bytes) -> bool:
-    # Two plain tests; a generator for any() costs more than the tests on short blocks.
-    return _MARKERS[0] in data or _MARKERS[1] in data
+def _event_around(data: bytes, at: int, lo: int) -> tuple[int, int, int]:
+    """The event holding data[at], which starts at `lo` or later: (its start, its end, the end of
+    the blank line after it). Both searches stop at the event's edges, so a read full of marked
+    events (vLLM's continuous usage) costs linear time."""
+    start = lo
+    for boundary in _BOUNDARIES:
+        found = data.rfind(boundary, lo, at)
+        if found >= 0:
+            start = max(start, found + len(boundary))
+    blank = _BOUNDARY.search(data, at)
+    if blank is None:
+        return start, len(data), len(data)
+    return start, blank.start(), blank.end()
 
 
 def _last_boundary(data: bytes | bytearray, start: int) -> int:

@@ -200,3 +200,29 @@ def test_latency_memory_and_lag_are_not_grossly_above_today(
         bound = ceiling / room(lines, PHASE[metric]) if metric in PHASE else ceiling
         measured = value(lines, "gateway", metric)
         assert measured <= bound, f"{metric}: {measured:.3f} > {bound:.3f}"
+
+
+def test_targets_scale_by_what_the_minimal_proxy_measures_here() -> None:
+    """A host half as fast as the one the targets were set on owes half the throughput and may add
+    twice the latency; the summary says pass or FAIL against the scaled bound."""
+    from bench.gateway import MINIMAL_THERE, Recorder, scale_targets, scaled_summary
+
+    rec = Recorder({})
+    for key, there in MINIMAL_THERE.items():
+        slower = there * 2 if key.endswith("_added") else there / 2
+        rec.add("minimal", key, slower, "")
+    rec.add("gateway", "rps_64", 2100, "req/s")  # scaled target 2,000: pass
+    rec.add("gateway", "streams_32", 700, "/s")  # scaled target 750: FAIL
+    rec.add("gateway", "latency_1_p50_added", 0.69, "ms")  # scaled 0.70 ms: pass
+    scale_targets(rec)
+    assert rec.get("gateway", "rps_64_scaled") == 2000
+    assert rec.get("gateway", "streams_32_scaled") == 750
+    assert rec.get("gateway", "latency_1_p50_added_scaled") == 0.7
+    assert rec.get("gateway", "ttft_1_p50_added_scaled") == 1.0  # scaled even where the gateway has no figure
+    summary = scaled_summary(rec).splitlines()
+    assert "minimal proxy" in summary[0]
+    rows = {line.split()[0]: line for line in summary[1:]}
+    assert set(rows) == {"rps_64", "streams_32", "latency_1_p50_added"}
+    assert rows["rps_64"].endswith("pass") and ">= 2,000" in rows["rps_64"]
+    assert rows["streams_32"].endswith("FAIL")
+    assert rows["latency_1_p50_added"].endswith("pass") and "+0.700 ms" in rows["latency_1_p50_added"]

@@ -110,3 +110,87 @@ def test_a_one_megabyte_event_in_one_byte_pieces_is_linear() -> None:
     relay = SseRelay(Answer(), drop_usage=False, clock=lambda: 0.0)
     out = [relay.feed(big[i : i + 1]) for i in range(len(big))]
     assert b"".join(out) == big
+
+
+def reference(stream: bytes, drop_usage: bool) -> tuple[bytes, tuple[object, ...]]:
+    """What the relay must do, written the plain way: split into events, parse every one that
+    carries a finish reason or usage, drop the injected usage chunk."""
+    import re
+
+    answer, kept = Answer(), []
+    pieces = re.split(rb"(\r\n\r\n|\n\n|\r\r)", stream)
+    for index in range(0, len(pieces), 2):
+        event, separator = pieces[index], (pieces[index + 1] if index + 1 < len(pieces) else b"")
+        if b'"finish_reason":"' in event or b'"usage"' in event:
+            data = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+            payload = orjson.loads(b"\n".join(data)) if data and data[0].startswith(b"{") else None
+            if isinstance(payload, dict):
+                answer.read_chunk(payload)
+                if drop_usage and payload.get("choices") == [] and "usage" in payload:
+                    continue
+        kept.append(event + separator)
+    return b"".join(kept), _counted(answer)
+
+
+def _counted(answer: Answer) -> tuple[object, ...]:
+    return (answer.finish_reason, answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)
+
+
+_EVENTS = [
+    b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}',
+    b'data: {"choices":[{"index":0,"delta":{"content":"t"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}',
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
+    b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":8}}}',
+    b'data: {"usage":null,"choices":[{"index":0,"delta":{"content":"u"}}]}',
+    b": keep-alive",
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\ndata: {"not": "json"',
+    b"data: [DONE]",
+]
+
+
+def test_the_relay_matches_the_plain_reference_on_generated_streams() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    streams = st.lists(
+        st.tuples(st.sampled_from(_EVENTS), st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"])),
+        max_size=40,
+    ).map(lambda events: b"".join(event + end for event, end in events))
+
+    @settings(max_examples=300, deadline=None)
+    @given(stream=streams, cuts=st.lists(st.integers(0, 4000), max_size=8), drop=st.booleans())
+    def check(stream: bytes, cuts: list[int], drop: bool) -> None:
+        edges = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+        chunks = [stream[a:b] for a, b in itertools.pairwise(edges)]
+        out, relay = relay_all(chunks, drop_usage=drop)
+        expected, counted = reference(stream, drop)
+        assert out == expected
+        assert _counted(relay.answer) == counted
+
+    check()
+
+
+def test_a_read_full_of_usage_events_is_linear() -> None:
+    """vLLM's continuous usage puts usage in every chunk; a read of 20,000 of them is parsed event
+    by event without rescanning the rest of the read each time."""
+    import time
+
+    event = _EVENTS[1] + b"\n\n"
+    small, big = event * 2_000, event * 20_000
+    started = time.perf_counter()
+    out_small, _ = relay_all([small])
+    small_s = time.perf_counter() - started
+    started = time.perf_counter()
+    out_big, relay = relay_all([big])
+    big_s = time.perf_counter() - started
+    assert out_small == small and out_big == big and relay.answer.completion_tokens == 1
+    assert big_s < 30 * small_s + 0.05, (small_s, big_s)  # quadratic would be ~100x
+
+
+def test_a_dropped_usage_chunk_after_an_extra_blank_line_leaves_only_that_line() -> None:
+    """Where a blank line follows a boundary, the plain split counts it into the next event and the
+    relay leaves it standing: one more empty line, which every SSE parser skips."""
+    first = _EVENTS[0] + b"\n\n"
+    out, relay = relay_all([first + b"\n" + _EVENTS[3] + b"\n\ndata: [DONE]\n\n"], drop_usage=True)
+    assert out == first + b"\ndata: [DONE]\n\n"
+    assert relay.answer.cached_tokens == 8
