@@ -7,7 +7,8 @@ nothing to do with the code. `python bench/gateway.py` (the full run) is the mea
 a tripwire.
 
 nginx is left out (`--no-nginx`): its numbers are a reference for people, nothing here asserts on
-them, and the run is shorter without it.
+them, and the run is shorter without it. The minimal proxy runs (`--minimal`): it measures how fast
+this host is in the same run, so a slow or stolen VM is not read as a slow gateway.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ CEILINGS = {
     # also on a VM three times slower than usual.
     "lag_32m_p99": 2 * 50,
 }
+# A timed bound is also met when the gateway stays within the same gross margin of the targets
+# scaled to this host by the minimal proxy, measured beside it in the same run (`<metric>_scaled`:
+# target x minimal here / minimal where the targets were set). That one cancels what the share of
+# a core cannot see: steal time on the clients' core, a host slower across the board. CI once
+# measured +1.93 ms at one client (ceiling 1.5 ms) while the hypervisor stole 27 s of a 60 s run.
+MARGIN = 2.0
 # Timed bounds, and the phase whose share of the gateway's core scales them.
 PHASE = {
     "rps_64": "rps_64",
@@ -99,6 +106,8 @@ BOTH = (
     "body_32m",
     "body_4x8m",
 )
+# The targets the minimal proxy scales to this host.
+SCALED = ("rps_64", "streams_32", "latency_1_p50_added", "ttft_1_p50_added")
 GATEWAY_ONLY = (
     "latency_1_cpu_ms",
     "rps_64_cpu_ms",
@@ -135,7 +144,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, 
             "wrk is not installed: apt-get install wrk (scripts/install-system; CI has it)", pytrace=False
         )
     out = tmp_path_factory.mktemp("bench") / "gateway.jsonl"
-    command = [sys.executable, "bench/gateway.py", "--quick", "--no-nginx", "--out", str(out)]
+    command = [sys.executable, "bench/gateway.py", "--quick", "--no-nginx", "--minimal", "--out", str(out)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=240)
@@ -146,6 +155,14 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, 
     assert process.returncode == 0, f"{stdout}\n{stderr}"
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     return lines, stdout
+
+
+def on_this_host(lines: list[dict[str, Any]], metric: str) -> float | None:
+    """The gross bound relative to the minimal proxy, or None when it has no figure for `metric`."""
+    scaled = [line["value"] for line in lines if line["metric"] == metric + "_scaled"]
+    if not scaled:
+        return None
+    return scaled[0] * MARGIN if metric.endswith("_added") else scaled[0] / MARGIN
 
 
 def value(lines: list[dict[str, Any]], contender: str, metric: str) -> float:
@@ -163,12 +180,16 @@ def test_json_lines_are_valid_and_complete(quick_run: tuple[list[dict[str, Any]]
         assert line["mode"] == "quick"
         assert line["date"] and line["commit"]
         assert line["machine"]["arch"] and line["machine"]["nproc"] >= 1
-        assert line["contender"] in ("direct", "gateway")
+        assert line["contender"] in ("direct", "gateway", "minimal")
         assert isinstance(line["value"], int | float) and math.isfinite(line["value"]), line
         assert isinstance(line["unit"], str)
     assert len({line["run"] for line in lines}) == 1
     have = {(line["contender"], line["metric"]) for line in lines}
-    wanted = {(c, m) for c in ("direct", "gateway") for m in BOTH} | {("gateway", m) for m in GATEWAY_ONLY}
+    wanted = (
+        {(c, m) for c in ("direct", "gateway", "minimal") for m in BOTH}
+        | {("gateway", m) for m in GATEWAY_ONLY}
+        | {("gateway", m + "_scaled") for m in SCALED}
+    )
     assert not wanted - have, f"missing: {sorted(wanted - have)}"
     assert len(have) == len(lines), "one line per contender and metric"
 
@@ -184,7 +205,10 @@ def test_throughput_is_not_grossly_below_today(quick_run: tuple[list[dict[str, A
     for metric, floor in FLOORS.items():
         share = room(lines, PHASE[metric])
         measured = value(lines, "gateway", metric)
-        assert measured >= floor * share, f"{metric}: {measured:.0f} < {floor:.0f} x {share:.2f} of a core"
+        relative = on_this_host(lines, metric)
+        assert measured >= floor * share or (relative is not None and measured >= relative), (
+            f"{metric}: {measured:.0f} < {floor:.0f} x {share:.2f} of a core, and < {relative} on this host"
+        )
         assert value(lines, "gateway", metric + "_errors") == 0
         assert value(lines, "direct", metric + "_errors") == 0
     for contender in ("direct", "gateway"):
@@ -199,7 +223,10 @@ def test_latency_memory_and_lag_are_not_grossly_above_today(
     for metric, ceiling in CEILINGS.items():
         bound = ceiling / room(lines, PHASE[metric]) if metric in PHASE else ceiling
         measured = value(lines, "gateway", metric)
-        assert measured <= bound, f"{metric}: {measured:.3f} > {bound:.3f}"
+        relative = on_this_host(lines, metric)
+        assert measured <= bound or (relative is not None and measured <= relative), (
+            f"{metric}: {measured:.3f} > {bound:.3f}, and > {relative} on this host"
+        )
 
 
 def test_targets_scale_by_what_the_minimal_proxy_measures_here() -> None:

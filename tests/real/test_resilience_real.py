@@ -74,8 +74,13 @@ def stream_once(url: str, max_tokens: int) -> str:
 def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
     pair: tuple[LlamaServer, LlamaServer],
 ) -> None:
-    """Case 17 for real: SIGKILL one of two llama-servers while 8 clients stream continuously."""
+    """Case 17 for real: SIGKILL one of two llama-servers while 8 clients stream continuously.
+
+    The checks are on outcomes, never on how many streams fit in the time: a slow or stolen CI
+    machine finishes fewer, and that says nothing about the gateway."""
     outcomes: Counter[str] = Counter()
+    after_kill: Counter[str] = Counter()  # streams that began after the kill
+    killed = threading.Event()
     lock = threading.Lock()
     stop = threading.Event()
     with run_gateway(routes(pair)) as gw:
@@ -83,46 +88,44 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
         def client() -> None:
             deadline = time.monotonic() + 12
             while not stop.is_set() and time.monotonic() < deadline:
-                outcome = stream_once(
-                    gw.url, max_tokens=1500
-                )  # seconds long: some are mid-stream at the kill
+                began_after_kill = killed.is_set()
+                # 1500 tokens last seconds: some streams are mid-answer at the kill.
+                outcome = stream_once(gw.url, max_tokens=1500)
                 with lock:
                     outcomes[outcome] += 1
+                    if began_after_kill:
+                        after_kill[outcome] += 1
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(client) for _ in range(8)]
             time.sleep(3)
             pair[0].kill()
-            killed_at = time.monotonic()
+            killed.set()
             time.sleep(5)
             stop.set()
             for future in futures:
-                future.result(timeout=90)
+                future.result(timeout=120)
         entries = gw.log_entries()
     failed = [
-        (
-            e["error_code"],
-            e["attempts"],
-            e["retries"],
-            e["replica"],
-            e["path"],
-        )
+        (e["error_code"], e["attempts"], e["retries"], e["replica"], e["path"])
         for e in entries
         if e["status"] >= 500
     ]
     assert not failed, failed
     assert not [o for o in outcomes if o.startswith("failed_before")], outcomes  # retried on the survivor
     assert outcomes["truncated"] == 0, outcomes  # every cut stream ended with the error event
-    assert outcomes["done"] > 8, outcomes
     assert outcomes["error_event"] >= 1, outcomes  # streams running on the killed replica
+    # A client whose stream was cut starts another at once, so streams began after the kill; the
+    # survivor serves every one of them to the end (those sent to the dead replica are retried).
+    assert after_kill["done"] >= 1 and set(after_kill) == {"done"}, after_kill
     cut = [e for e in entries if e["outcome"] == "upstream_error"]
     assert all(e["replica"] == "r0" for e in cut), cut
     retried = [e for e in entries if e["retries"]]
     assert all(e["status"] == 200 for e in retried)
     print(
-        f"case 17 (real): outcomes {dict(outcomes)}, {len(retried)} retried on the survivor, {len(cut)} cut"
+        f"case 17 (real): outcomes {dict(outcomes)}, {sum(after_kill.values())} began after the kill,"
+        f" {len(retried)} retried on the survivor, {len(cut)} cut"
     )
-    assert killed_at > 0
 
 
 def busy_slots(server: LlamaServer) -> int:

@@ -103,9 +103,8 @@ def test_the_gateway_flags_the_trap_on_a_non_streaming_answer(
     choice = raw.parse().choices[0]
     assert choice.finish_reason == "length" and not choice.message.content
     assert raw.headers["x-gateway-warning"] == TRAP
-    assert 'gateway_thinking_budget_exhausted_total{preset="thinks",replica="thinker-a"} 1.0' in (
-        gateway.metrics()
-    )
+    counted = 'gateway_thinking_budget_exhausted_total{preset="thinks",replica="thinker-a"} 1.0'
+    assert eventually(lambda: counted in gateway.metrics())
     entry = eventually(
         lambda: next(
             (e for e in gateway.log_entries() if e["request_id"] == raw.headers["x-request-id"]), None
