@@ -81,6 +81,9 @@ class PrefixReport:
     kinds: list[str] = field(default_factory=list)  # what was found, in order, without repeats
     moved: list[str] = field(default_factory=list)  # the labelled values taken out (move)
     fingerprint: str = ""
+    # The fingerprint with the volatile spans left out: the same on every call of a client whose
+    # prompt carries a fresh timestamp, so that its warning is logged once, not on every request.
+    template: str = ""
     affinity_key: str | None = None
 
 
@@ -158,10 +161,11 @@ def apply(
         return report
     leading = list(_leading_system(messages))
     last_user = _last_user(messages)
+    masked: dict[int, Any] = {}  # leading messages without their volatile spans, when left in place
     if mode != "off":
         cut = mode == "strip" or (mode == "move" and last_user is not None)
         for index in leading:
-            message = messages[index]
+            message = shown = messages[index]
             for path, text in _texts(message):
                 spans = cache.spans(text)
                 if not spans:
@@ -169,10 +173,12 @@ def apply(
                 for span in spans:
                     if span.kind not in report.kinds:
                         report.kinds.append(span.kind)
+                new_text, taken = _cut(text, spans)
                 if cut:
-                    new_text, taken = _cut(text, spans)
                     messages[index] = message = _replace(message, path, new_text)
                     report.moved.extend(taken)
+                else:
+                    masked[index] = shown = _replace(shown, path, new_text)
     # Keyed before anything is appended to the last user message: on the first turn that message is
     # also the first, and the key must not change when the conversation grows.
     if keyed:
@@ -182,6 +188,11 @@ def apply(
     if mode != "move":
         report.moved = []
     report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
+    report.template = (
+        fingerprint(preset, [masked.get(i, messages[i]) for i in leading], body.get("tools"))
+        if masked
+        else report.fingerprint
+    )
     return report
 
 

@@ -297,14 +297,20 @@ class Proxy:
             ex.rewrites.append((f"prefix_{action}", f"prefix={action}:" + "+".join(report.kinds)))
         client = ex.client_id + (f"/{session}" if session else "")
         ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
-        if report.kinds and self.churn.first_report(client, report.fingerprint):
+        if report.kinds and self.churn.first_report(client, report.template):
+            effect = (
+                "the gateway keeps it out of the prefix"
+                if mode in ("move", "strip")
+                else "its prefix cache cannot hit"
+            )
             prefix_log.warning(
                 "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
-                "its prefix cache cannot hit; see the README's 'Prefix cache' section",
+                "%s; see the README's 'Prefix cache' section",
                 ",".join(report.kinds),
                 client,
                 preset,
-                report.fingerprint,
+                report.template,
+                effect,
             )
         return report.affinity_key or ""
 

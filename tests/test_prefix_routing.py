@@ -86,6 +86,21 @@ def test_warn_mode_names_the_volatile_content_and_counts_it(client: openai.OpenA
     )
 
 
+def test_warn_mode_logs_a_client_with_a_fresh_timestamp_once(
+    client: openai.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call of such a client has another fingerprint; the log names the prompt, not each call."""
+    with caplog.at_level("WARNING", logger="gateway.prefix"):
+        for second in range(3):
+            client.chat.completions.create(
+                model="warned", messages=system(f"2026-12-02T11:00:0{second}Z"), user="once"
+            )
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.prefix"]
+    assert len(lines) == 1, lines
+    assert "timestamp" in lines[0] and "cannot hit" in lines[0]
+    assert "2026-12-02" not in lines[0] and "careful coding agent" not in lines[0]  # never the text
+
+
 def test_move_mode_keeps_the_prefix_byte_stable_and_the_cache_hitting(
     client: openai.OpenAI, replicas: list[ThreadServer]
 ) -> None:
