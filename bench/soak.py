@@ -29,15 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import (  # noqa: E402
-    BenchError,
-    Processes,
-    free_port,
-    percentile,
-    pin,
-    rss_mb,
-    wait_ready,
-)
+from bench.proxycost.host import BenchError, Processes, free_port, pin, rss_mb, wait_ready  # noqa: E402
+from bench.proxycost.report import percentile  # noqa: E402
 
 BODY = json.dumps(
     {

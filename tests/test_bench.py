@@ -232,7 +232,7 @@ def test_latency_memory_and_lag_are_not_grossly_above_today(
 def test_targets_scale_by_what_the_minimal_proxy_measures_here() -> None:
     """A host half as fast as the one the targets were set on owes half the throughput and may add
     twice the latency; the summary says pass or FAIL against the scaled bound."""
-    from bench.gateway import MINIMAL_THERE, Recorder, scale_targets, scaled_summary
+    from bench.proxycost.report import MINIMAL_THERE, Recorder, scale_targets, scaled_summary
 
     rec = Recorder({})
     for key, there in MINIMAL_THERE.items():
