@@ -29,43 +29,35 @@ import httpx2
 import openai
 import pytest
 
-from tests.faults import (
+from tests.fault_behaviours import (
     CloseBeforeHeaders,
-    FaultProcess,
-    FaultServer,
     Flood,
     Gate,
-    GatewayProcess,
     Hang,
-    HttpReader,
-    RawResponse,
     Reply,
     ResetBeforeHeaders,
     Sse,
-    address_of,
-    assert_envelope,
-    chat_body,
-    connect,
     content_chunk,
-    data_events,
-    encode_request,
-    error_events,
-    established,
-    fault_server,
-    fetch_all,
     finish_chunk,
+    sse_frame,
+    usage_chunk,
+)
+from tests.fault_records import now
+from tests.faults import FaultProcess, FaultServer, fault_server
+from tests.gateway_answers import assert_envelope, data_events, error_events, metric
+from tests.gateway_process import GatewayProcess, chat_body, established, routes_yaml, rss_bytes, wait_until
+from tests.harness import Running, run_gateway
+from tests.rawhttp import (
+    HttpReader,
+    RawResponse,
+    address_of,
+    connect,
+    encode_request,
+    fetch_all,
     free_port,
     http_request,
-    metric,
-    now,
-    routes_yaml,
-    rss_bytes,
-    sse_frame,
     time_of,
-    usage_chunk,
-    wait_until,
 )
-from tests.harness import Running, run_gateway
 
 CHAT = "/v1/chat/completions"
 

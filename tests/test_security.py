@@ -33,32 +33,22 @@ from hypothesis_jsonschema import from_schema
 
 from gateway.rewrite import cap_to_context, check_request, rewrite
 from gateway.table import parse_table
-from tests.faults import (
-    FaultServer,
-    GatewayProcess,
+from tests.fault_behaviours import HugeBody, Reply, Sse
+from tests.fault_records import now
+from tests.faults import FaultServer, fault_server
+from tests.gateway_answers import addresses_in, assert_envelope, series_count, strict_json
+from tests.gateway_process import GatewayProcess, chat_body, routes_yaml, rss_bytes, wait_until
+from tests.harness import Running, run_gateway
+from tests.rawhttp import (
     HttpReader,
-    HugeBody,
     RawResponse,
-    Reply,
-    Sse,
     address_of,
-    addresses_in,
-    assert_envelope,
-    chat_body,
     connect,
     encode_request,
-    fault_server,
     free_port,
     http_request,
-    now,
-    routes_yaml,
-    rss_bytes,
     send_raw,
-    series_count,
-    strict_json,
-    wait_until,
 )
-from tests.harness import Running, run_gateway
 
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[1]

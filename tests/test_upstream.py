@@ -34,21 +34,20 @@ from gateway.upstream import (
     UpstreamResponse,
     create_client,
 )
-from tests.faults import (
+from tests.fault_behaviours import (
     Behaviour,
     CloseBeforeHeaders,
-    Conn,
     Flood,
     Hang,
     HugeBody,
     Reply,
-    Request,
     ResetBeforeHeaders,
     Sse,
-    fault_server,
-    free_port,
-    now,
 )
+from tests.fault_connection import Conn
+from tests.fault_records import Request, now
+from tests.faults import fault_server
+from tests.rawhttp import free_port
 
 KINDS = ("aiohttp", "httpx2", "lean")
 CHAT = "/v1/chat/completions"
