@@ -66,7 +66,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
             streams=200,
             growth_warmup=1000,
             body_small=30,
-            body_big=2,
+            body_big=5,  # the tripwire takes the median stall over the big bodies: it needs a few
             probe_baseline=1.0,
         )
     else:

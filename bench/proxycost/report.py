@@ -125,6 +125,7 @@ ROWS = (
     Row("/health during big bodies, p99", "lag_p99", "ms", "", "lag_p99"),
     Row("  during the 32 MiB ones, p99", "lag_32m_p99", "ms"),
     Row("  during the 4 x 8 MiB ones, p99", "lag_4x8m_p99", "ms"),
+    Row("  worst per 32 MiB body, median", "lag_32m_worst_median", "ms"),
 )
 
 
