@@ -305,24 +305,25 @@ class Bench(Lineup):
         self.rec.add(name, "lag_idle_p99", percentile(baseline, 99), "ms", probes=len(baseline))
         spans = {**windows, "": [w for ws in windows.values() for w in ws]}
         for kind, ranges in spans.items():
-            during = [latency for at, latency in samples if any(a <= at <= b for a, b in ranges)]
+            each = [[latency for at, latency in samples if a <= at <= b] for a, b in ranges]
+            during = [latency for window in each for latency in window]
             metric = f"lag_{kind}_" if kind else "lag_"
             self.rec.add(name, metric + "p50", percentile(during, 50), "ms", probes=len(during))
             worst = round(max(during), 2) if during else None
             self.rec.add(name, metric + "p99", percentile(during, 99), "ms", probes=len(during), max_ms=worst)
-            if kind:
+            if kind and each:
                 # The worst probe during each big body, and their median: a stall that every body
                 # causes (work on the event loop) shows in it, one that a single body met (the
                 # hypervisor took the core, a collection ran) does not. A p99 over a few dozen
                 # probes is their maximum, so one stolen 100 ms moves it alone.
-                each = [max((lat for at, lat in samples if a <= at <= b), default=0.0) for a, b in ranges]
+                worst_each = [max(window, default=0.0) for window in each]
                 self.rec.add(
                     name,
                     metric + "worst_median",
-                    statistics.median(each) if each else 0.0,
+                    statistics.median(worst_each),
                     "ms",
-                    bodies=len(each),
-                    each_ms=[round(v, 1) for v in each],
+                    bodies=len(worst_each),
+                    each_ms=[round(v, 1) for v in worst_each],
                 )
 
     def profile_gateway(self) -> None:
