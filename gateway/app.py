@@ -21,26 +21,26 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import status
-from gateway.accesslog import AccessLog
-from gateway.auth import KeyAuth
-from gateway.discovery import Discovery, Resolver, resolve
+from gateway.edge.auth import KeyAuth
+from gateway.edge.guard import HeaderLimits
 from gateway.errors import render
-from gateway.exchange import Exchange
-from gateway.guard import HeaderLimits
-from gateway.metrics import Metrics
-from gateway.prober import Prober
-from gateway.proxy import Context, Proxy
-from gateway.recent import Recent
-from gateway.replicas import Fleet
-from gateway.rewrite import Endpoint
+from gateway.fleet.discovery import Discovery, Resolver, resolve
+from gateway.fleet.prober import Prober
+from gateway.fleet.replicas import Fleet
+from gateway.ops import status
+from gateway.ops.accesslog import AccessLog
+from gateway.ops.exchange import Exchange
+from gateway.ops.metrics import Metrics
+from gateway.ops.recent import Recent
+from gateway.pipeline.proxy import Context, Proxy
+from gateway.pipeline.rewrite import Endpoint
+from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
-from gateway.table import Table, TableError, load_table
 from gateway.upstream import UpstreamClient, create_client
 
 log = logging.getLogger("gateway")
 
-UI_PAGE = Path(__file__).parent / "ui" / "index.html"
+UI_PAGE = Path(__file__).parent / "ops" / "ui" / "index.html"
 NO_STORE = {"cache-control": "no-store"}
 
 

@@ -8,11 +8,10 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gateway import __version__
+from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
-from gateway.table import Table, TableError, load_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         # Before the logging set-up: the HTTP client logs every request at INFO, over the progress line.
-        from gateway.benchmark import bench_command
+        from gateway.tools.benchmark import bench_command
 
         return bench_command(args)
     settings = Settings()
@@ -87,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_command(settings.model_copy(update=overrides))
     if args.command == "check":
         return check_command(args.path or settings.routes, probe=args.probe)
-    from gateway.demo import run_demo
+    from gateway.tools.demo import run_demo
 
     return run_demo(settings.model_copy(update={"host": args.host, "port": args.port}))
 
@@ -101,7 +100,7 @@ def _positive(text: str) -> int:
 
 def serve_command(settings: Settings) -> int:
     from gateway.app import build_gateway, create_app
-    from gateway.server import run
+    from gateway.server import run, run_loop
 
     try:
         gateway = build_gateway(settings)
@@ -110,15 +109,6 @@ def serve_command(settings: Settings) -> int:
         return 2
     run_loop(run(gateway, create_app(gateway)))
     return 0
-
-
-def run_loop(main: Any) -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop has no Windows build
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
 
 
 def check_command(path: Path, probe: bool = False) -> int:
@@ -130,7 +120,7 @@ def check_command(path: Path, probe: bool = False) -> int:
     print(describe(table))
     if not probe:
         return 0
-    from gateway import preflight
+    from gateway.tools import preflight
 
     findings = asyncio.run(preflight.probe_table(table, timeout=table.health.timeout + 3))
     print()

@@ -46,7 +46,21 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
-async def run(gateway: Gateway, app: Any) -> None:
+def run_loop(main: Any) -> None:
+    """Run the gateway's top coroutine on uvloop where it exists."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop has no Windows build
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+async def run(gateway: Gateway, app: Any, banner: str | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, then let running answers finish for `drain_seconds`.
+
+    The demo serves through here too, so it drains the same way.
+    """
     settings = gateway.settings
     if not settings.keys() and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
@@ -62,6 +76,8 @@ async def run(gateway: Gateway, app: Any) -> None:
             uvicorn.Server(uvicorn_config(metrics_app(gateway), settings.host, settings.metrics_port))
         )
     tune_gc()
+    if banner:
+        print(banner, flush=True)
     log.warning(
         "fleet-gateway listening on http://%s:%d (routes: %s)", settings.host, settings.port, settings.routes
     )

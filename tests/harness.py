@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry
 
-from gateway.accesslog import AccessLog
 from gateway.app import Gateway, build_gateway, create_app
+from gateway.ops.accesslog import AccessLog
+from gateway.routing.table import parse_table
 from gateway.server import SERVER_OPTIONS
 from gateway.settings import Settings
-from gateway.table import parse_table
 from tests.servers import ThreadServer, serve
 
 

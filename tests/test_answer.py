@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.answer import Answer
+from gateway.dialects.answer import Answer
 
 
 def test_vllm_usage_with_prompt_details() -> None:

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.balancer import ReplicaView, choose
+from gateway.routing.balancer import ReplicaView, choose
 
 
 def views(*specs: tuple[str, bool, int]) -> list[ReplicaView]:

@@ -19,8 +19,10 @@ import httpx2
 import pytest
 
 from gateway import __version__
-from gateway.benchmark import Bench, Client, Options, Target, discover, run_bench
-from gateway.benchreport import (
+from gateway.cli import main
+from gateway.simulator import SimConfig, create_app
+from gateway.tools.benchmark import Bench, Client, Options, Target, discover, run_bench
+from gateway.tools.benchreport import (
     DIGITS,
     IMAGE_TEXT,
     BenchError,
@@ -33,8 +35,6 @@ from gateway.benchreport import (
     latest_by_preset,
     parse_nvidia_smi,
 )
-from gateway.cli import main
-from gateway.simulator import SimConfig, create_app
 from tests.harness import Running, run_gateway
 from tests.servers import ThreadServer, free_port
 

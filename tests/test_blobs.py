@@ -5,8 +5,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.blobs import MIN_BLOB, put_back, set_aside
-from gateway.body import parse_large
+from gateway.pipeline.blobs import MIN_BLOB, put_back, set_aside
+from gateway.pipeline.body import parse_large
 
 
 def image_body(size: int, *, images: int = 1, escaped: bool = False) -> dict[str, Any]:

@@ -2,8 +2,8 @@ from typing import Any
 
 import pytest
 
-from gateway.body import ClientGone, has_images, parse_object, read_body
 from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge
+from gateway.pipeline.body import ClientGone, has_images, parse_object, read_body
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ import pytest
 import yaml
 
 from gateway import __version__
+from gateway.routing.table import Table, load_table, parse_table
 from gateway.settings import Settings
-from gateway.table import Table, load_table, parse_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -275,7 +275,7 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
             assert any(f == source or f.startswith(source + "/") for f in context), (
                 f"COPY {source}: not in the build context (missing, or excluded by .dockerignore)"
             )
-    assert "gateway/ui/index.html" in context and "gateway/py.typed" in context  # package data
+    assert "gateway/ops/ui/index.html" in context and "gateway/py.typed" in context  # package data
     for unwanted in (".venv/", ".git/", ".backends/", "tests/", "test-artifacts/", "deploy/"):
         assert not any(f.startswith(unwanted) for f in context), unwanted
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in context)

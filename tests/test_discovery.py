@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 
-from gateway.discovery import Discovery, discovered_spec, update_pool
-from gateway.replicas import Fleet, Replica
+from gateway.fleet.discovery import Discovery, discovered_spec, update_pool
+from gateway.fleet.replicas import Fleet, Replica
+from gateway.routing.table import Discover, parse_table
 from gateway.simulator import SimConfig, create_app
-from gateway.table import Discover, parse_table
 from tests.harness import eventually, run_gateway
 from tests.servers import ThreadServer
 

@@ -1,5 +1,5 @@
-from gateway.health import HealthState, Status
-from gateway.table import Health
+from gateway.fleet.health import HealthState, Status
+from gateway.routing.table import Health
 
 CONFIG = Health(
     interval=5,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.prefix import ChurnTracker, VolatileCache, apply, find_volatile, fingerprint
+from gateway.pipeline.prefix import ChurnTracker, VolatileCache, apply, find_volatile, fingerprint
 
 
 @pytest.mark.parametrize(

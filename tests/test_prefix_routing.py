@@ -90,12 +90,12 @@ def test_warn_mode_logs_a_client_with_a_fresh_timestamp_once(
     client: openai.OpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every call of such a client has another fingerprint; the log names the prompt, not each call."""
-    with caplog.at_level("WARNING", logger="gateway.prefix"):
+    with caplog.at_level("WARNING", logger="gateway.pipeline.prefix"):
         for second in range(3):
             client.chat.completions.create(
                 model="warned", messages=system(f"2026-12-02T11:00:0{second}Z"), user="once"
             )
-    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.prefix"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.pipeline.prefix"]
     assert len(lines) == 1, lines
     assert "timestamp" in lines[0] and "cannot hit" in lines[0]
     assert "2026-12-02" not in lines[0] and "careful coding agent" not in lines[0]  # never the text

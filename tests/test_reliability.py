@@ -280,7 +280,7 @@ def test_case_07_deterministic_pre_network_error(monkeypatch: pytest.MonkeyPatch
         raise TypeError("a bug in the gateway's per-replica rewrite")
 
     # A bad config value cannot get this far (routes.yaml is validated at load), so the bug is injected.
-    monkeypatch.setattr("gateway.attempts.cap_to_context", broken)
+    monkeypatch.setattr("gateway.pipeline.attempts.cap_to_context", broken)
     with fault_server(name="A") as a:
         routes = routes_yaml([("A", a.url)])
         with run_gateway(routes) as gw:

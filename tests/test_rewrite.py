@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
-from gateway.rewrite import cap_to_context, check_request, requested_task, rewrite
-from gateway.table import parse_table
+from gateway.pipeline.rewrite import cap_to_context, check_request, requested_task, rewrite
+from gateway.routing.table import parse_table
 
 TABLE = parse_table(
     """

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from gateway.rewrite import cap_to_context, check_request, rewrite
-from gateway.table import parse_table
+from gateway.pipeline.rewrite import cap_to_context, check_request, rewrite
+from gateway.routing.table import parse_table
 from tests.fault_behaviours import HugeBody, Reply, Sse
 from tests.fault_records import now
 from tests.faults import FaultServer, fault_server
@@ -593,7 +593,7 @@ def test_case_31_keys_are_compared_with_compare_digest(
         calls.append((a, b))
         return bool(real(a, b))
 
-    # gateway.auth looks compare_digest up on the hmac module at each call, so the spy sees them all.
+    # gateway.edge.auth looks compare_digest up on the hmac module at each call, so the spy sees them all.
     monkeypatch.setattr(hmac, "compare_digest", spy)
     response = post(locked, chat_body(), headers=[("Authorization", f"Bearer {KEY}")])
     assert response.status == 200
@@ -637,11 +637,11 @@ def test_case_32_host_header_auth_bypass(
 
 def test_case_32_auth_reads_the_path_from_the_scope() -> None:
     """Case 32: auth code never reads a URL rebuilt from the Host header."""
-    for name in ("auth.py", "app.py", "guard.py"):
+    for name in ("edge/auth.py", "app.py", "edge/guard.py"):
         source = (REPO / "gateway" / name).read_text()
         assert "request.url" not in source, name
         assert "url.path" not in source, name
-    assert 'scope["path"]' in (REPO / "gateway" / "auth.py").read_text()
+    assert 'scope["path"]' in (REPO / "gateway" / "edge" / "auth.py").read_text()
 
 
 # --- 33: SSRF / upstream selection ----------------------------------------------------------------------

@@ -3,8 +3,8 @@ import itertools
 import orjson
 import pytest
 
-from gateway.answer import Answer
-from gateway.sse import TRAP_COMMENT, SseRelay
+from gateway.dialects.answer import Answer
+from gateway.relay.sse import TRAP_COMMENT, SseRelay
 
 STREAM = (
     b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import BadRequest, ModelNotFound, UnknownTask
-from gateway.table import TableError, load_table, parse_table
+from gateway.routing.table import TableError, load_table, parse_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

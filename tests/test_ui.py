@@ -17,12 +17,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import __version__, demo
-from gateway.accesslog import AccessLog
+from gateway import __version__
 from gateway.app import build_gateway, create_app
+from gateway.ops.accesslog import AccessLog
 from gateway.settings import Settings
 from gateway.simulator import SimConfig
 from gateway.simulator import create_app as sim_app
+from gateway.tools import demo
 from tests.harness import Running, eventually, one_replica_table, run_gateway
 from tests.servers import ThreadServer, serve
 

@@ -24,12 +24,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from gateway import __version__
-from gateway.accesslog import AccessLog
 from gateway.app import build_gateway, create_app
+from gateway.ops.accesslog import AccessLog
+from gateway.routing.table import parse_table
 from gateway.settings import Settings
 from gateway.simulator import SimConfig
 from gateway.simulator import create_app as sim_app
-from gateway.table import parse_table
 from tests.harness import Running, run_gateway
 from tests.servers import ThreadServer, free_port
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.simulator.engine import FINGERPRINT, Json, Output, Prepared, SimConfig
+from gateway.simulator.engine import FINGERPRINT, Output, Prepared, SimConfig
+from gateway.types import Json
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import orjson
 
-Json = dict[str, Any]
+from gateway.types import Json
+
 Engine = Literal["vllm", "llamacpp"]
 
 _WORDS = "the a model token cache slot prefix block queue reply stream fleet gateway replica answer quick"

@@ -1,0 +1,204 @@
+"""Replica state and admission: who is up, how busy each one is, and who waits for a free place.
+
+A lease is taken when a request is sent to a replica and given back when it ends or the client
+leaves; balancing reads these counts, so they must never lag (late load tracking is how
+cache-aware routers end up sending everything to one replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.errors import GatewayTimeout, QueueFull
+from gateway.fleet.health import HealthState
+from gateway.routing.balancer import Pick, ReplicaView, choose
+from gateway.routing.table import Health, Preset, ReplicaSpec, Table
+from gateway.types import Clock
+
+
+@dataclass
+class Replica:
+    spec: ReplicaSpec
+    health: HealthState
+    max_in_flight: int  # as configured
+    preset: str
+    in_flight: int = 0
+    context: int | None = None  # vLLM max_model_len / llama-server meta.n_ctx, from /v1/models
+    slots: int | None = None  # llama-server's total_slots, from /props
+    served_ids: tuple[str, ...] = ()
+    probe_latency: float | None = None
+    backend_metrics: dict[str, float] = field(default_factory=dict)  # from the replica's own /metrics
+    prompt_tokens: int = 0  # reported by the replica, for its prefix-cache hit ratio
+    cached_tokens: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def engine(self) -> str:
+        return self.spec.engine
+
+    def api_key(self) -> str | None:
+        # Read at use, so a rotated key in the environment needs no restart; never logged.
+        return os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+
+    @property
+    def limit(self) -> int:
+        """Requests it may hold at once. llama-server serves HTTP on slots + 2 threads by default,
+        and connections beyond those wait in its queue until it closes them unanswered; so unless
+        the table says otherwise, the gateway queues the excess itself."""
+        if self.spec.max_in_flight is None and self.engine == "llamacpp" and self.slots:
+            return min(self.max_in_flight, self.slots + 2)
+        return self.max_in_flight
+
+    def view(self, now: float) -> ReplicaView:
+        return ReplicaView(self.name, self.health.available(now), self.in_flight, self.limit)
+
+
+class Pool:
+    """One preset's replicas, its round-robin ticket and its admission queue."""
+
+    def __init__(self, preset: Preset, replicas: Sequence[Replica], clock: Clock = time.monotonic) -> None:
+        self.preset = preset
+        self.replicas = list(replicas)
+        self.clock = clock
+        self._tickets = itertools.count()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def panic(self) -> bool:
+        now = self.clock()
+        return bool(self.replicas) and not any(r.health.available(now) for r in self.replicas)
+
+    def ready(self) -> bool:
+        now = self.clock()
+        return any(r.health.ready(now) for r in self.replicas)
+
+    def ticket(self) -> int:
+        return next(self._tickets)
+
+    def pick(self, ticket: int, key: str | None = None, exclude: Iterable[str] = ()) -> Pick:
+        now = self.clock()
+        skip = set(exclude)
+        views = [r.view(now) for r in self.replicas if r.name not in skip]
+        return choose(self.preset.policy, views, ticket=ticket, key=key)
+
+    def get(self, name: str) -> Replica | None:
+        return next((r for r in self.replicas if r.name == name), None)
+
+    async def admit(self, pick: Pick, deadline: float) -> Replica:
+        """The first replica of `pick` with a free place, else wait in the bounded queue."""
+        replica = self._first_free(pick)
+        if replica is not None:
+            return self._lease(replica)
+        limits = self.preset.limits
+        if len(self._waiters) >= limits.queue:
+            raise QueueFull(
+                f"Preset '{self.preset.name}' is at capacity and its queue is full; retry shortly",
+                headers={"retry-after": "1"},
+            )
+        wait_until = min(deadline, self.clock() + limits.queue_timeout)
+        while True:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(max(0.0, wait_until - self.clock())):
+                    await waiter
+            except TimeoutError:
+                raise GatewayTimeout(
+                    f"Preset '{self.preset.name}' had no free replica within the queue timeout",
+                    code="queue_timeout",
+                ) from None
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            replica = self._first_free(pick)
+            if replica is not None:
+                return self._lease(replica)
+
+    def release(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+    def wake_all(self) -> None:
+        """After a reload, waiters re-check at once instead of waiting for a release in a dead pool."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _first_free(self, pick: Pick) -> Replica | None:
+        for name in pick.order:
+            replica = self.get(name)
+            if replica is not None and replica.in_flight < replica.limit:
+                return replica
+        return None
+
+    @staticmethod
+    def _lease(replica: Replica) -> Replica:
+        replica.in_flight += 1
+        return replica
+
+
+class Fleet:
+    """Every preset's pool. Rebuilt on reload; replicas that stay keep their state and counts."""
+
+    def __init__(self, table: Table, clock: Clock = time.monotonic, previous: Fleet | None = None) -> None:
+        self.table = table
+        self.clock = clock
+        old = {r.name: r for r in previous.replicas()} if previous else {}
+        self.pools: dict[str, Pool] = {}
+        shared: dict[str, Replica] = {}
+        for preset in table.presets.values():
+            members = []
+            for spec in preset.replicas:
+                if spec.name not in shared:
+                    shared[spec.name] = self._replica(spec, preset, table.health, old)
+                members.append(shared[spec.name])
+            before = previous.pools.get(preset.name) if previous else None
+            if (
+                before is not None
+                and preset.discover is not None
+                and before.preset.discover == preset.discover
+            ):
+                # Replicas found in DNS stay until discovery says otherwise.
+                listed = {spec.name for spec in preset.replicas}
+                members += [r for r in before.replicas if r.name not in listed]
+            self.pools[preset.name] = Pool(preset, members, clock)
+        for pool in previous.pools.values() if previous else ():
+            pool.wake_all()
+
+    @staticmethod
+    def _replica(spec: ReplicaSpec, preset: Preset, health: Health, old: dict[str, Replica]) -> Replica:
+        limit = spec.max_in_flight or preset.limits.max_in_flight
+        kept = old.get(spec.name)
+        if kept is not None and kept.spec.url == spec.url and kept.spec.engine == spec.engine:
+            kept.spec, kept.max_in_flight, kept.preset = spec, limit, preset.name
+            kept.health.config = health
+            return kept
+        return Replica(spec=spec, health=HealthState(health), max_in_flight=limit, preset=preset.name)
+
+    def replicas(self) -> list[Replica]:
+        """Every replica once, also one that serves several presets."""
+        return list({id(r): r for pool in self.pools.values() for r in pool.replicas}.values())
+
+    def not_ready(self) -> list[str]:
+        return [name for name, pool in self.pools.items() if not pool.ready()]

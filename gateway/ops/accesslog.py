@@ -1,0 +1,92 @@
+"""Structured access log: one JSON line per request on stdout.
+
+What is logged is what the record holds: ids, names, numbers and outcomes. Prompt and completion
+text, keys and replica URLs never enter the record, so they cannot leak through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import IO, Any
+
+import orjson
+
+from gateway.ops.exchange import Exchange
+
+
+def _ms(start: float, end: float | None) -> float | None:
+    return None if end is None else round((end - start) * 1000, 3)
+
+
+def entry(ex: Exchange) -> dict[str, Any]:
+    answer = ex.answer
+    line = {
+        "ts": round(time.time(), 3),
+        "request_id": ex.request_id,
+        "endpoint": ex.endpoint,
+        "client": ex.client,
+        "preset": ex.preset,
+        "route": ex.route or None,
+        "replica": ex.replica or None,
+        "engine": ex.engine or None,
+        "stream": ex.stream,
+        "status": ex.status if ex.headers_sent or ex.outcome != "client_disconnected" else 499,
+        "outcome": ex.outcome,
+        "error_code": ex.error_code,
+        "disconnect_phase": ex.disconnect_phase,
+        "rewrites": [text for _, text in ex.rewrites],
+        "warnings": [message for _, message in ex.warnings],
+        "attempts": ex.attempts,
+        "retries": ex.retries,
+        "path": ex.path or None,
+        "pick": ex.pick_reason or None,
+        "prefix": ex.prefix or None,
+        "prefix_volatile": ex.prefix_found or None,
+        "prefix_churn": ex.prefix_churn,
+        "client_id": ex.client_id,
+        "duration_ms": _ms(ex.started, ex.finished),
+        "overhead_ms": _ms(ex.started, ex.upstream_sent),
+        "ttft_ms": _ms(ex.started, ex.first_token),
+        "prompt_tokens": answer.prompt_tokens,
+        "cached_tokens": answer.cached_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "reasoning_tokens": answer.reasoning_tokens,
+        "finish_reason": answer.finish_reason,
+    }
+    if ex.prompt is not None:
+        line["prompt"] = ex.prompt
+    return line
+
+
+class AccessLog:
+    """Lines are written at once, flushed together within `flush_interval` seconds: a write per
+    request costs a system call, and a slow reader of stdout (a log shipper) must not hold up the
+    event loop once per request."""
+
+    def __init__(
+        self, stream: IO[bytes] | None = None, enabled: bool = True, flush_interval: float = 0.0
+    ) -> None:
+        self._stream = stream if stream is not None else sys.stdout.buffer
+        self.enabled = enabled
+        self.flush_interval = flush_interval
+        self._pending: list[bytes] = []
+        self._scheduled = False
+
+    def write(self, ex: Exchange) -> None:
+        if not self.enabled:
+            return
+        self._pending.append(orjson.dumps(entry(ex)))
+        if self.flush_interval <= 0 or len(self._pending) >= 256:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self.flush_interval, self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._pending:
+            lines, self._pending = self._pending, []
+            self._stream.write(b"\n".join(lines) + b"\n")
+            self._stream.flush()

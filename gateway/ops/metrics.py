@@ -1,0 +1,248 @@
+"""Prometheus metrics, bound to an injected registry so every test and every app has its own.
+
+Labels are bounded: preset, replica, engine, status class, route reason and small fixed sets of
+kinds. A model name a client made up is never a label (it is `unknown`). State that already lives
+elsewhere (replica health, in-flight counts, queue depth, cache ratios) is read at scrape time by a
+collector instead of being mirrored by increments scattered through the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.fleet.prober import BACKEND_COUNTERS, BACKEND_METRICS
+from gateway.fleet.replicas import Fleet
+from gateway.ops.exchange import Exchange
+
+# A `_created` series beside every counter and histogram doubles the series count for nothing a
+# dashboard here uses.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# LLM times: a cached first token in milliseconds, a long answer in tens of minutes.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 7200)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5)
+RATE_BUCKETS = (1, 2.5, 5, 10, 15, 20, 25, 35, 50, 75, 100, 150, 200, 300, 500, 1000)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, fleet: Callable[[], Fleet]) -> None:
+        self.registry = registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        per_replica = ["preset", "replica"]
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by preset, replica, engine, status class and route reason.",
+            ["preset", "replica", "engine", "status", "route"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "From the request's arrival to the last byte sent.",
+            per_replica,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "From the request's arrival to the first token (content, reasoning or tool call) of a stream.",
+            per_replica,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "gateway_inter_token_latency_seconds",
+            "Mean time between tokens of one streamed answer.",
+            per_replica,
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.decode_rate = Histogram(
+            "gateway_decode_tokens_per_second",
+            "Completion tokens per second after the first token, per streamed answer.",
+            per_replica,
+            buckets=RATE_BUCKETS,
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens as the replicas report them: prompt, cached (prompt tokens served from the prefix "
+            "cache), completion, reasoning.",
+            [*per_replica, "kind"],
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Time the gateway itself spent before sending a request upstream (read, parse, route, rewrite).",
+            ["preset"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=registry,
+        )
+        self.retries = Counter(
+            "gateway_upstream_retries",
+            "Retries on another replica, by reason.",
+            ["preset", "reason"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors", "Upstream failures by kind.", [*per_replica, "kind"], registry=registry
+        )
+        self.ejections = Counter(
+            "gateway_ejections",
+            "Replicas taken out of rotation by live traffic.",
+            per_replica,
+            registry=registry,
+        )
+        self.disconnects = Counter(
+            "gateway_client_disconnects",
+            "Clients that left before their answer ended, by phase (waiting or streaming).",
+            ["preset", "phase"],
+            registry=registry,
+        )
+        self.rewrites = Counter(
+            "gateway_rewrites", "Request rewrites applied, by kind.", ["preset", "kind"], registry=registry
+        )
+        self.thinking_trap = Counter(
+            "gateway_thinking_budget_exhausted",
+            "Answers that ended on max_tokens with empty content after reasoning: the thinking trap.",
+            per_replica,
+            registry=registry,
+        )
+        self.picks = Counter(
+            "gateway_balancer_picks", "Balancer decisions by reason.", ["preset", "reason"], registry=registry
+        )
+        self.prefix_volatile = Counter(
+            "gateway_prefix_volatile",
+            "Requests whose system prompt held volatile content (timestamps, ids), by kind.",
+            ["preset", "kind"],
+            registry=registry,
+        )
+        self.prefix_churn = Counter(
+            "gateway_prefix_churn",
+            "Requests whose prefix fingerprint differs from the same client's previous one.",
+            ["preset"],
+            registry=registry,
+        )
+        registry.register(_FleetCollector(fleet))
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # labels() takes a lock and builds a tuple each time; the label sets are few and bounded.
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def record(self, ex: Exchange) -> None:
+        preset, replica = ex.preset, ex.replica or "none"
+        self._child(
+            self.requests, preset, replica, ex.engine or "none", ex.status_class, ex.route or "none"
+        ).inc()
+        if ex.finished is not None:
+            self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
+        if ex.upstream_sent is not None:
+            self._child(self.overhead, preset).observe(ex.upstream_sent - ex.started)
+        for kind, _ in ex.rewrites:
+            self._child(self.rewrites, preset, kind).inc()
+        for reason in ex.retries:
+            self._child(self.retries, preset, reason).inc()
+        if ex.pick_reason:
+            self._child(self.picks, preset, ex.pick_reason).inc()
+        for kind in ex.prefix_found:
+            self._child(self.prefix_volatile, preset, kind).inc()
+        if ex.prefix_churn:
+            self._child(self.prefix_churn, preset).inc()
+        if ex.outcome == "client_disconnected":
+            self._child(self.disconnects, preset, ex.disconnect_phase or "waiting").inc()
+        for name in ex.ejected:
+            self._child(self.ejections, preset, name).inc()
+        for kind in ex.upstream_errors:
+            self._child(self.upstream_errors, preset, ex.failed_replica or replica, kind).inc()
+        answer = ex.answer
+        if not ex.replica:
+            return
+        for kind, value in (
+            ("prompt", answer.prompt_tokens),
+            ("cached", answer.cached_tokens),
+            ("completion", answer.completion_tokens),
+            ("reasoning", answer.reasoning_tokens),
+        ):
+            if value:
+                self._child(self.tokens, preset, replica, kind).inc(value)
+        if ex.first_token is not None:
+            self._child(self.ttft, preset, replica).observe(ex.first_token - ex.started)
+            tokens = answer.completion_tokens or 0
+            if ex.finished is not None and tokens > 1 and ex.finished > ex.first_token:
+                decode = ex.finished - ex.first_token
+                self._child(self.itl, preset, replica).observe(decode / (tokens - 1))
+                self._child(self.decode_rate, preset, replica).observe((tokens - 1) / decode)
+        if answer.thinking_trap:
+            self._child(self.thinking_trap, preset, replica).inc()
+
+
+class _FleetCollector(Collector):
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        fleet = self._fleet()
+        now = fleet.clock()
+        labels = ["preset", "replica", "engine"]
+        up = GaugeMetricFamily(
+            "gateway_replica_up", "1 when the replica's /health probes pass.", labels=labels
+        )
+        ejected = GaugeMetricFamily(
+            "gateway_replica_ejected", "1 while live-traffic failures keep the replica out.", labels=labels
+        )
+        in_flight = GaugeMetricFamily(
+            "gateway_in_flight", "Requests in flight to the replica.", labels=labels
+        )
+        probe = GaugeMetricFamily(
+            "gateway_replica_probe_latency_seconds", "Latency of the last /health probe.", labels=labels
+        )
+        context = GaugeMetricFamily(
+            "gateway_replica_context_tokens",
+            "Context length reported by the replica's /v1/models.",
+            labels=labels,
+        )
+        hit_ratio = GaugeMetricFamily(
+            "gateway_prefix_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens, as the replica reported them since the gateway started.",
+            labels=labels,
+        )
+        backend: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for key in sorted({key for key, _ in BACKEND_METRICS.values()}):
+            family = CounterMetricFamily if key in BACKEND_COUNTERS else GaugeMetricFamily
+            help_text = f"The replica's own {key.replace('_', ' ')}, from its /metrics."
+            backend[key] = family(f"gateway_backend_{key}", help_text, labels=labels)
+        queue = GaugeMetricFamily(
+            "gateway_queue_depth", "Requests waiting for a free replica.", labels=["preset"]
+        )
+        panic = GaugeMetricFamily(
+            "gateway_panic_mode",
+            "1 when every replica of the preset looks down and all are tried anyway.",
+            labels=["preset"],
+        )
+        for name, pool in fleet.pools.items():
+            queue.add_metric([name], pool.queued)
+            panic.add_metric([name], 1.0 if pool.panic() else 0.0)
+            for replica in pool.replicas:
+                values = [name, replica.name, replica.engine]
+                up.add_metric(values, 1.0 if replica.health.ready(now) else 0.0)
+                ejected.add_metric(values, 1.0 if replica.health.ejected(now) else 0.0)
+                in_flight.add_metric(values, replica.in_flight)
+                if replica.probe_latency is not None:
+                    probe.add_metric(values, replica.probe_latency)
+                if replica.context is not None:
+                    context.add_metric(values, replica.context)
+                if replica.prompt_tokens:
+                    hit_ratio.add_metric(values, replica.cached_tokens / replica.prompt_tokens)
+                for key, value in replica.backend_metrics.items():
+                    backend[key].add_metric(values, value)
+        yield from (up, ejected, in_flight, probe, context, hit_ratio, queue, panic, *backend.values())

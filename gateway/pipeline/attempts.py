@@ -1,0 +1,298 @@
+"""Upstream attempts for one request: pick, admit, send, and retry on another replica.
+
+Retries happen only here, before the client has seen a byte, and only on failures that prove the
+answer never started: connect errors, a connection closed before response headers, no headers
+within the first-byte timeout, and 502/503/504. Never on other 4xx or on 500 (a 500 is often
+deterministic: a template that cannot render). A retry budget keeps a storm from multiplying load.
+The first attempt runs outside tenacity, so the common case costs nothing for retries it never makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
+from gateway.fleet.health import Outcome
+from gateway.fleet.replicas import Pool, Replica
+from gateway.ops.exchange import Exchange
+from gateway.pipeline.blobs import Blobs, put_back
+from gateway.pipeline.rewrite import cap_to_context
+from gateway.routing.balancer import retry_order
+from gateway.upstream import (
+    ConnectFailed,
+    HeaderTimeout,
+    Reset,
+    Timeouts,
+    UpstreamClient,
+    UpstreamError,
+    UpstreamResponse,
+)
+
+RETRYABLE_STATUS = (502, 503, 504)
+MAX_RETRY_AFTER_WAIT = 10.0
+ERROR_BODY_LIMIT = 64 * 1024  # an upstream error body is read this far and no further
+
+
+class RetryableStatus(UpstreamError):
+    kind = "retryable_status"
+
+    def __init__(self, status: int, body: bytes, retry_after: float | None) -> None:
+        super().__init__(f"replica answered {status}")
+        self.status, self.body, self.retry_after = status, body, retry_after
+
+
+RETRYABLE = (ConnectFailed, Reset, HeaderTimeout, RetryableStatus)
+
+
+class RetryBudget:
+    """Requests retrying stay under max(min_concurrent, ratio x requests in flight), after Envoy's
+    retry budget; a request counts as retrying until a retry gets an answer or gives up."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.retrying = 0
+
+    def allow(self, ratio: float, min_concurrent: int) -> bool:
+        return self.retrying < max(min_concurrent, ratio * self.active)
+
+
+@dataclass
+class Attempt:
+    """One request's attempts: its own state, shared by the first try and the retries."""
+
+    ex: Exchange
+    pool: Pool
+    path: str
+    body: dict[str, Any]
+    size: int
+    deadline: float
+    key: str | None = None
+    tried: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # replicas that refused the connection
+    encoded: dict[int | None, tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
+    ticket: int = 0
+    blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        budget: RetryBudget,
+        offload_bytes: int,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.budget = budget
+        self.offload_bytes = offload_bytes
+        self.sleep = sleep
+        self.clock = clock
+
+    async def open(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
+        attempt.ticket = attempt.pool.ticket()
+        try:
+            try:
+                return await self._try(attempt)
+            except RETRYABLE as first:
+                retries = attempt.pool.preset.retries
+                if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
+                    raise
+                # Counted while retrying, not for the whole answer: a retried stream that got its
+                # headers is an ordinary request again, and minutes-long streams must not use
+                # up the budget a replica's crash needs.
+                self.budget.retrying += 1
+                try:
+                    attempt.ex.retries.append(first.kind)
+                    await self.sleep(self._wait_after(first, attempt))
+                    return await self._retry(attempt, retries.attempts - 1)
+                finally:
+                    self.budget.retrying -= 1
+        except UpstreamError as error:
+            raise _final_error(error, attempt) from None
+
+    async def _retry(self, attempt: Attempt, remaining: int) -> tuple[UpstreamResponse, Replica]:
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            attempt.ex.retries.append(error.kind if isinstance(error, UpstreamError) else "error")
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome else None
+            return self._wait_after(error, attempt)
+
+        def stop(state: RetryCallState) -> bool:
+            return state.attempt_number >= remaining or self.clock() >= attempt.deadline
+
+        retrying = AsyncRetrying(
+            stop=stop,
+            wait=wait,
+            retry=retry_if_exception_type(RETRYABLE),
+            sleep=self.sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        async for each in retrying:
+            with each:
+                return await self._try(attempt)
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+
+    def _wait_after(self, error: BaseException | None, attempt: Attempt) -> float:
+        # Retry-After binds the replica that sent it; another available replica needs no wait.
+        after = error.retry_after if isinstance(error, RetryableStatus) else None
+        if after is None:
+            return 0.0
+        pool = attempt.pool
+        now = self.clock()
+        for name in pool.pick(attempt.ticket, exclude=attempt.tried).order:
+            replica = pool.get(name)
+            if replica is not None and replica.health.available(now):
+                return 0.0
+        return max(0.0, min(after, MAX_RETRY_AFTER_WAIT, attempt.deadline - now))
+
+    async def _try(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
+        pool, ex = attempt.pool, attempt.ex
+        # A replica that refused this request's connection is not asked again by it.
+        pick = pool.pick(attempt.ticket, attempt.key, exclude=attempt.refused)
+        if attempt.tried:
+            suspects = [r.name for r in pool.replicas if r.health.connect_fail_streak]
+            pick = retry_order(pick, attempt.tried, suspects)
+        if not pick.order:
+            raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
+        ex.pick_reason = ex.pick_reason or pick.reason
+        replica = await pool.admit(pick, attempt.deadline)
+        attempt.tried.append(replica.name)
+        ex.replica, ex.engine = replica.name, replica.engine
+        try:
+            data = await self._encode(attempt, replica.context)
+        except Exception as exc:
+            # The gateway's own failure, before anything left: the same on every replica, so not
+            # retried, and no attempt was made.
+            pool.release(replica)
+            raise GatewayBug(f"The gateway could not prepare the request; request {ex.request_id}") from exc
+        ex.attempts += 1
+        ex.upstream_sent = ex.upstream_sent or self.clock()
+        try:
+            response = await self.client.send(
+                replica.url + attempt.path, upstream_headers(ex, replica), data, _timeouts(pool, ex.stream)
+            )
+        except UpstreamError as error:
+            pool.release(replica)
+            if isinstance(error, ConnectFailed):
+                attempt.refused.append(replica.name)
+            self._failed(
+                ex,
+                replica,
+                error.kind,
+                "connect_error" if isinstance(error, ConnectFailed | Reset) else "server_error",
+            )
+            raise
+        except BaseException:
+            pool.release(replica)
+            raise
+        status = response.status
+        if status in RETRYABLE_STATUS:
+            try:
+                detail = await response.read(ERROR_BODY_LIMIT)
+            except UpstreamError:
+                detail = b""
+            finally:
+                await response.close()
+                pool.release(replica)
+            self._failed(ex, replica, f"status_{status}", "server_error")
+            raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
+        outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
+        replica.health.on_outcome(outcome, self.clock())
+        ex.path.append(f"{replica.name}:{status}")
+        return response, replica
+
+    def _failed(self, ex: Exchange, replica: Replica, kind: str, outcome: Outcome) -> None:
+        ex.upstream_errors.append(kind)
+        ex.path.append(f"{replica.name}:{kind}")
+        ex.failed_replica = replica.name
+        if replica.health.on_outcome(outcome, self.clock()):
+            ex.ejected.append(replica.name)
+            ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
+
+    async def _encode(self, attempt: Attempt, context: int | None) -> bytes:
+        """Serialise once per distinct context cap; large bodies on a thread."""
+        if context not in attempt.encoded:
+            capped, note = cap_to_context(attempt.body, context)
+            if attempt.size > self.offload_bytes:
+                data = await asyncio.to_thread(_serialise, capped, attempt.blobs)
+            else:
+                data = orjson.dumps(capped)
+            attempt.encoded[context] = (data, note)
+        data, note = attempt.encoded[context]
+        if note is not None and note not in attempt.ex.rewrites:
+            attempt.ex.rewrites.append(note)
+        return data
+
+
+def _serialise(body: dict[str, Any], blobs: Blobs) -> bytes:
+    return put_back(orjson.dumps(body), blobs)
+
+
+def upstream_headers(ex: Exchange, replica: Replica) -> list[tuple[str, str]]:
+    # Nothing of the client's headers is forwarded: not its credentials, not hop-by-hop or proxy
+    # headers, not a forged X-Forwarded-For. The replica sees the gateway's own set only.
+    headers = [("content-type", "application/json"), ("x-request-id", ex.request_id)]
+    if ex.client:
+        headers.append(("x-forwarded-for", ex.client))
+    key = replica.api_key()
+    if key:
+        headers.append(("authorization", f"Bearer {key}"))
+    if ex.stream:
+        headers.append(("accept", "text/event-stream"))
+        if replica.engine == "llamacpp":
+            # llama-server advertises keep-alive on a stream and then closes the connection after
+            # it; reused at once, such a connection fails the next request before its headers.
+            headers.append(("connection", "close"))
+    return headers
+
+
+def _timeouts(pool: Pool, stream: bool) -> Timeouts:
+    # A non-streaming answer sends its headers only when generation ends, minutes later: it is
+    # bounded by the overall deadline, not by a header or idle timeout.
+    timeouts = pool.preset.timeouts
+    if stream:
+        return Timeouts(connect=timeouts.connect, first_byte=timeouts.first_byte, idle=timeouts.idle)
+    return Timeouts(connect=timeouts.connect, first_byte=None, idle=None)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: treated as absent rather than trusting a clock we do not share
+
+
+def _final_error(error: UpstreamError, attempt: Attempt) -> GatewayError:
+    request_id, preset = attempt.ex.request_id, attempt.pool.preset.name
+    if isinstance(error, RetryableStatus):
+        headers = {"retry-after": str(max(1, int(error.retry_after or 1)))}
+        if error.status == 503:
+            return NoUpstream(
+                f"Every replica tried was unavailable (HTTP 503); request {request_id}",
+                code="upstream_unavailable",
+                headers=headers,
+            )
+        if error.status == 504:
+            return GatewayTimeout(f"The replica timed out (HTTP 504); request {request_id}")
+        return UpstreamFailure(f"The replica answered HTTP 502; request {request_id}", code="bad_gateway")
+    if isinstance(error, ConnectFailed):
+        return NoUpstream(f"No replica of preset '{preset}' could be reached", headers={"retry-after": "5"})
+    if isinstance(error, HeaderTimeout):
+        return GatewayTimeout(f"The replica sent no response headers in time; request {request_id}")
+    return UpstreamFailure(
+        f"The replica closed the connection without an answer; request {request_id}",
+        code=f"upstream_{error.kind}",
+    )

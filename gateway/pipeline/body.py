@@ -1,0 +1,124 @@
+"""Reading and parsing a client's request body, within the limits that keep the gateway alive.
+
+orjson is strict RFC 8259: it refuses NaN, Infinity, 1e999, lone surrogates and invalid UTF-8
+at the parser, so none of them can be re-emitted upstream as invalid JSON. Depth is checked here
+because CPython's own limit (~1000) would surface as a RecursionError, i.e. a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge
+from gateway.pipeline.blobs import Blobs, set_aside
+from gateway.types import Receive
+
+
+async def read_body(
+    receive: Receive, content_length: int | None, limit: int, timeout: float
+) -> bytes | bytearray:
+    """The whole body, or a 413 without reading it when Content-Length already says it is too big.
+
+    A body in several pieces is gathered into one bytearray as the pieces come, never joined at
+    the end: joining 32 MiB at once holds the event loop for tens of milliseconds. Everything
+    downstream (orjson, blobs.set_aside) reads a bytearray as it reads bytes.
+    """
+    if content_length is not None and content_length > limit:
+        raise _too_large(limit)
+    first: bytes | None = None
+    gathered: bytearray | None = None
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(limit)
+                    if first is None:
+                        first = chunk
+                    else:
+                        if gathered is None:
+                            gathered = bytearray(first)
+                        gathered += chunk
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout:g} s") from None
+    if gathered is not None:
+        return gathered
+    return first if first is not None else b""
+
+
+class ClientGone(Exception):
+    """The client left before its request was read."""
+
+
+def _too_large(limit: int) -> RequestTooLarge:
+    return RequestTooLarge(f"The request body is larger than the limit of {limit} bytes")
+
+
+def parse_object(raw: bytes | bytearray, max_depth: int) -> dict[str, Any]:
+    if not raw:
+        raise BadRequest("The request body is empty; send a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {_reason(exc)}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object", code="invalid_json")
+    # Cheap bound first: a body with fewer brackets than the limit cannot nest that deep.
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(body, max_depth):
+        raise BadRequest(f"The request body is nested deeper than {max_depth} levels", code="json_too_deep")
+    return body
+
+
+def parse_large(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], Blobs]:
+    """For big bodies, on a worker thread: long data: literals set aside, the rest parsed."""
+    skeleton, blobs = set_aside(raw)
+    return parse_object(skeleton, max_depth), blobs
+
+
+def _reason(exc: orjson.JSONDecodeError) -> str:
+    # orjson's message names the position and the problem, never echoes the input.
+    return str(exc).split(":", 1)[0][:120]
+
+
+def _too_deep(value: Any, max_depth: int) -> bool:
+    # Iterative, so the check itself cannot hit the recursion limit it guards against.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+    return False
+
+
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
+
+
+def has_images(body: dict[str, Any]) -> bool:
+    """Structural: an image content part in any message. Never scans base64 data."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+                    return True
+    return False

@@ -1,0 +1,385 @@
+"""The request path, in order; the one place that knows it.
+
+    read body -> parse -> route -> rewrite -> pick, admit, send (attempts.py: retrying on another
+    replica only before the client saw a byte) -> relay -> record
+
+A disconnect watcher runs beside each request. When the client leaves, in any phase, it cancels
+the request's task, and cancellation closes the upstream connection: vLLM aborts the request,
+llama-server frees the slot, and no GPU time goes to an answer nobody reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.dialects.answer import TRAP_WARNING
+from gateway.errors import (
+    GatewayBug,
+    GatewayError,
+    GatewayTimeout,
+    NoUpstream,
+    UpstreamFailure,
+    UpstreamServerError,
+)
+from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway.ops.exchange import Exchange
+from gateway.pipeline import prefix
+from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
+from gateway.pipeline.blobs import Blobs
+from gateway.pipeline.body import ClientGone, has_images, parse_large, parse_object, read_body
+from gateway.pipeline.rewrite import Endpoint, Plan, check_request, requested_task, rewrite
+from gateway.relay import respond as relay
+from gateway.routing.table import Preset
+from gateway.settings import Settings
+from gateway.types import Receive, Scope, Send
+from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+
+Recorder = Callable[[Exchange], None]
+
+UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+log = logging.getLogger("gateway.pipeline.proxy")
+prefix_log = logging.getLogger("gateway.pipeline.prefix")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass
+class Context:
+    """What the request path needs from the running gateway."""
+
+    settings: Settings
+    fleet: Callable[[], Fleet]
+    client: UpstreamClient
+    record: Recorder
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
+class _Watch:
+    """Shared by a request and its disconnect watcher."""
+
+    __slots__ = ("client_left", "serving")
+
+    def __init__(self) -> None:
+        self.serving = True
+        self.client_left = False
+
+
+class Proxy:
+    def __init__(self, context: Context) -> None:
+        self.ctx = context
+        self.budget = RetryBudget()
+        self.dispatcher = Dispatcher(
+            context.client, self.budget, context.settings.offload_bytes, context.sleep, context.clock
+        )
+        self._background: set[asyncio.Future[None]] = set()
+        self.volatile = prefix.VolatileCache()
+        self.churn = prefix.ChurnTracker()
+        # Request ids: random per process, then a counter; cheaper than a uuid per request.
+        self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
+
+    async def handle(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        given_id = headers.get("x-request-id")
+        client = scope.get("client")
+        ex = Exchange(
+            request_id=given_id if given_id and _REQUEST_ID.match(given_id) else next(self._ids),
+            endpoint=endpoint,
+            started=self.ctx.clock(),
+            client=client[0] if client else "",
+            client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
+        )
+        self.budget.active += 1
+        try:
+            await self._handle(endpoint, headers, ex, receive, send)
+        finally:
+            self.budget.active -= 1
+            if ex.finished is None:
+                ex.finished = self.ctx.clock()
+            if ex.answer.thinking_trap:
+                ex.warnings.append(("thinking_trap", TRAP_WARNING))
+            self.ctx.record(ex)
+
+    async def _handle(
+        self, endpoint: Endpoint, headers: dict[str, str], ex: Exchange, receive: Receive, send: Send
+    ) -> None:
+        settings = self.ctx.settings
+        length = headers.get("content-length")
+        try:
+            raw = await read_body(
+                receive,
+                int(length) if length and length.isdigit() else None,
+                settings.max_body_bytes,
+                settings.body_timeout,
+            )
+        except ClientGone:
+            ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
+            return
+        except GatewayError as error:
+            ex.outcome = "rejected"
+            await relay.send_error(send, ex, error)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _Watch()
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, watch))
+        try:
+            await self._serve(endpoint, headers, raw, ex, send)
+        except asyncio.CancelledError:
+            if not watch.client_left:
+                # The server is stopping and the drain period is over: say so rather than go silent.
+                await _shutdown_reply(send, ex)
+                raise
+            task.uncancel()
+            ex.outcome = "client_disconnected"
+            ex.disconnect_phase = "streaming" if ex.headers_sent else "waiting"
+        finally:
+            watch.serving = False
+            watcher.cancel()
+
+    async def _serve(
+        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
+    ) -> None:
+        try:
+            await self._route_and_relay(endpoint, headers, raw, ex, send)
+        except GatewayError as error:
+            if ex.headers_sent:
+                raise
+            if isinstance(error, GatewayBug):
+                # One line with the cause for the operator; the client gets the envelope only.
+                log.error(
+                    "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
+                )
+            if ex.outcome == "completed":
+                ex.outcome = "upstream_error" if ex.attempts else "rejected"
+            await relay.send_error(send, ex, error)
+        except Exception as exc:
+            if ex.headers_sent:
+                raise
+            log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
+            ex.outcome = "rejected"
+            await relay.send_error(
+                send, ex, GatewayBug(f"The gateway failed on this request; request {ex.request_id}")
+            )
+
+    async def _route_and_relay(
+        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
+    ) -> None:
+        settings, fleet, clock = self.ctx.settings, self.ctx.fleet(), self.ctx.clock
+        blobs = Blobs()
+        if len(raw) > settings.offload_bytes:
+            body, blobs = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
+        else:
+            body = parse_object(raw, settings.max_json_depth)
+        check_request(body, endpoint)
+        if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
+            ex.prompt = body.get("messages", body.get("prompt"))
+        task = requested_task(body, headers.get("x-task"))
+        route = fleet.table.resolve(body.get("model"), task, endpoint == "chat" and has_images(body))
+        preset = route.preset
+        ex.preset, ex.route = preset.name, route.reason
+        plan = rewrite(body, preset, endpoint, want_usage=True)
+        ex.rewrites.extend(plan.notes)
+        ex.stream = plan.stream
+        key = self._prefix(body, ex, preset, headers)
+        pool = fleet.pools[preset.name]
+        deadline = clock() + preset.timeouts.read
+        loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
+        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key, blobs=blobs)
+        try:
+            # One deadline for the whole answer, retries included.
+            async with asyncio.timeout_at(loop_deadline):
+                if preset.abort_on_disconnect:
+                    response, replica = await self.dispatcher.open(attempt)
+                else:
+                    response, replica = await self._open_detachable(attempt, loop_deadline)
+                await self._relay(ex, preset, plan, pool, response, replica, send, loop_deadline)
+        except TimeoutError:
+            ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
+            message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
+            if not ex.headers_sent:
+                raise GatewayTimeout(message, code="deadline_exceeded") from None
+            if ex.stream:
+                await relay.end_stream(send, ex, f"{message}; request {ex.request_id}", "deadline_exceeded")
+
+    async def _relay(
+        self,
+        ex: Exchange,
+        preset: Preset,
+        plan: Plan,
+        pool: Pool,
+        response: UpstreamResponse,
+        replica: Replica,
+        send: Send,
+        loop_deadline: float,
+    ) -> None:
+        detach = False
+        try:
+            if response.status >= 300:
+                await self._relay_status(ex, replica, response, send)
+            elif plan.stream:
+                await relay.send_stream(
+                    send,
+                    ex,
+                    response,
+                    drop_usage=plan.usage_injected,
+                    write_timeout=self.ctx.settings.write_timeout,
+                    clock=self.ctx.clock,
+                    progress=replica.health.progress,
+                )
+            else:
+                await relay.send_whole(send, ex, response, self.ctx.clock)
+        except UpstreamError as error:
+            ex.outcome = "upstream_error"
+            ex.upstream_errors.append(error.kind)
+            raise UpstreamFailure("The replica's answer broke off", code="upstream_disconnected") from None
+        except asyncio.CancelledError:
+            # A cancellation is the deadline, the client leaving or the server stopping; only the
+            # last two may leave a detachable answer running.
+            detach = not preset.abort_on_disconnect and not _past(loop_deadline)
+            raise
+        finally:
+            if ex.answer.prompt_tokens:
+                replica.prompt_tokens += ex.answer.prompt_tokens
+                replica.cached_tokens += ex.answer.cached_tokens or 0
+            if detach:
+                self._detach(_drain(response, pool.release, replica, loop_deadline))
+            else:
+                await _release(response, pool.release, replica)
+
+    async def _open_detachable(
+        self, attempt: Attempt, loop_deadline: float
+    ) -> tuple[UpstreamResponse, Replica]:
+        """For engines that mishandle aborts (`abort_on_disconnect: false`): a client that leaves
+        before the answer starts does not cancel the replica's work; it runs on, unread."""
+
+        async def open_by_deadline() -> tuple[UpstreamResponse, Replica]:
+            async with asyncio.timeout_at(loop_deadline):
+                return await self.dispatcher.open(attempt)
+
+        opening = asyncio.ensure_future(open_by_deadline())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+
+            def finish(done: asyncio.Future[tuple[UpstreamResponse, Replica]]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    response, replica = done.result()
+                    self._detach(_drain(response, attempt.pool.release, replica, loop_deadline))
+
+            opening.add_done_callback(finish)
+            raise
+
+    def _detach(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _prefix(self, body: dict[str, Any], ex: Exchange, spec: Preset, headers: dict[str, str]) -> str:
+        """Volatile content, the prefix fingerprint and churn; returns the affinity key."""
+        user = body.get("user")
+        session = headers.get("x-session-id") or (user if isinstance(user, str) and user else None)
+        preset, mode = spec.name, spec.prefix.volatile
+        keyed = spec.policy == "prefix_affinity"  # the key hashes the conversation's start: only when used
+        report = prefix.apply(body, mode, preset, self.volatile, session, keyed=keyed)
+        ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
+        if report.kinds and mode in ("move", "strip"):
+            action = "moved" if report.moved else "stripped" if mode == "strip" else "found"
+            ex.rewrites.append((f"prefix_{action}", f"prefix={action}:" + "+".join(report.kinds)))
+        client = ex.client_id + (f"/{session}" if session else "")
+        ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
+        if report.kinds and self.churn.first_report(client, report.template):
+            effect = (
+                "the gateway keeps it out of the prefix"
+                if mode in ("move", "strip")
+                else "its prefix cache cannot hit"
+            )
+            prefix_log.warning(
+                "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
+                "%s; see the README's 'Prefix cache' section",
+                ",".join(report.kinds),
+                client,
+                preset,
+                report.template,
+                effect,
+            )
+        return report.affinity_key or ""
+
+    async def _relay_status(
+        self, ex: Exchange, replica: Replica, response: UpstreamResponse, send: Send
+    ) -> None:
+        """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""
+        data = await response.read(ERROR_BODY_LIMIT)
+        if response.status < 400:
+            raise UpstreamFailure("The replica answered with a redirect, which the gateway does not follow")
+        if response.status >= 500:
+            ex.outcome = "upstream_error"
+            raise UpstreamServerError(
+                f"The replica failed to answer (HTTP {response.status}); request {ex.request_id}"
+            )
+        key = replica.api_key()
+        body = relay.upstream_error_body(response.status, data, ex.request_id, (key,) if key else ())
+        ex.status, ex.error_code = response.status, str(response.status)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *relay.gateway_headers(ex),
+        ]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        ex.headers_sent = True
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _shutdown_reply(send: Send, ex: Exchange) -> None:
+    ex.outcome, ex.error_code = "upstream_error", "shutdown"
+    message = f"The gateway is shutting down; request {ex.request_id} was cut off"
+    with contextlib.suppress(Exception):
+        if ex.headers_sent and ex.stream:
+            await relay.end_stream(send, ex, message, "shutdown")
+        elif not ex.headers_sent:
+            await relay.send_error(
+                send, ex, NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
+            )
+
+
+def _past(loop_deadline: float) -> bool:
+    return asyncio.get_running_loop().time() >= loop_deadline
+
+
+async def _drain(
+    response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
+) -> None:
+    """Let the replica finish an answer nobody reads, then give its place back."""
+    try:
+        async with asyncio.timeout_at(loop_deadline):
+            async for _ in response.chunks():
+                pass
+    except (TimeoutError, UpstreamError):
+        pass
+    finally:
+        await _release(response, release, replica)
+
+
+async def _release(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:
+    try:
+        await response.close()
+    finally:
+        release(replica)
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _Watch) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    if watch.serving:
+        watch.client_left = True
+        task.cancel()

@@ -1,0 +1,236 @@
+"""Sending answers to the client: a replica's response (streamed or whole) or the gateway's own error.
+
+Before the first byte reaches the client a failure is still a proper HTTP error; after it, a stream
+can only be ended with one `data: {"error": ...}` event and no `[DONE]` (Envoy's rule: local reply
+before headers, cut the stream after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+import orjson
+
+from gateway.dialects.answer import TRAP_WARNING
+from gateway.errors import GatewayError, render, sse_error_event
+from gateway.ops.exchange import Exchange
+from gateway.relay.sse import TRAP_COMMENT, SseRelay
+from gateway.types import Clock, Send
+from gateway.upstream import IdleTimeout, UpstreamError, UpstreamResponse
+
+FORWARDED_MESSAGE_LIMIT = 4096
+_CREDENTIAL = re.compile(
+    r"(?i)\bbearer\s+\S+|\b(?:api[_-]?key|key|token|secret|password)=\S+|\bsk-[A-Za-z0-9_-]{8,}"
+)
+_URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
+
+
+def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-request-id", ex.request_id.encode())]
+    if ex.preset != "unknown":
+        headers.append((b"x-gateway-preset", ex.preset.encode()))
+        headers.append((b"x-gateway-route", ex.route.encode()))
+    if ex.replica:
+        headers.append((b"x-gateway-replica", ex.replica.encode()))
+    if ex.rewrites:
+        headers.append((b"x-gateway-rewrites", ",".join(text for _, text in ex.rewrites).encode()))
+    if ex.prefix:
+        headers.append((b"x-gateway-prefix", ex.prefix.encode()))
+    if ex.prefix_found:
+        warning = "volatile content in the system prompt: " + ",".join(ex.prefix_found)
+        headers.append((b"x-gateway-prefix-warning", warning.encode()))
+    return headers
+
+
+async def send_error(send: Send, ex: Exchange, error: GatewayError) -> None:
+    body = error.body()
+    ex.status, ex.error_code = error.status, error.code
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *gateway_headers(ex),
+        *((k.encode(), v.encode()) for k, v in error.headers.items()),
+    ]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    ex.headers_sent = True
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_whole(send: Send, ex: Exchange, response: UpstreamResponse, clock: Clock) -> None:
+    """A non-streaming answer: its headers come only when generation ends, so read it all."""
+    data = await response.read()
+    ex.status = response.status
+    content_type = response.headers.get("content-type", "application/json")
+    if content_type.startswith("application/json"):
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict):
+            ex.answer.read_message(payload)
+    headers = [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(data)).encode()),
+        *gateway_headers(ex),
+        *_answer_headers(ex),
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    ex.headers_sent = True
+    await send({"type": "http.response.body", "body": data})
+    ex.finished = clock()
+
+
+class StallGuard:
+    """Cuts off a client that stopped reading: one timer per stream, not one per chunk.
+
+    A slow reader pauses the gateway's sends (uvicorn's flow control), which pauses reads from the
+    replica (TCP backpressure); past `timeout` without progress both sides are closed, so the
+    replica's slot is not held for a client that is gone in all but name.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.sending_since: float | None = None
+        self.stalled = False
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(timeout / 2, self._check)
+
+    def _check(self) -> None:
+        since = self.sending_since
+        if since is not None and self._loop.time() - since >= self.timeout and self._task is not None:
+            self.stalled = True
+            self._task.cancel()
+            return
+        self._timer = self._loop.call_later(self.timeout / 2, self._check)
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
+async def send_stream(
+    send: Send,
+    ex: Exchange,
+    response: UpstreamResponse,
+    *,
+    drop_usage: bool,
+    write_timeout: float,
+    clock: Clock,
+    progress: Callable[[float], None] | None = None,
+) -> None:
+    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock)
+    ex.status = response.status
+    headers = [
+        (b"content-type", response.headers.get("content-type", "text/event-stream").encode("latin-1")),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        *gateway_headers(ex),
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    ex.headers_sent = True
+    failure: str | None = None
+    guard = StallGuard(write_timeout)
+    loop = asyncio.get_running_loop()
+    try:
+        # The caller's deadline covers this too: past it, this is cancelled and the caller says so.
+        async for chunk in response.chunks():
+            out = relay.feed(chunk)
+            if out:
+                if ex.first_token is None and relay.first_token_at is not None:
+                    ex.first_token = relay.first_token_at
+                guard.sending_since = loop.time()
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                guard.sending_since = None
+                if progress is not None:
+                    progress(clock())
+        tail = relay.flush()
+        if tail:
+            await send({"type": "http.response.body", "body": tail, "more_body": True})
+    except asyncio.CancelledError:
+        if not guard.stalled:
+            raise
+        # Not finishing the response makes uvicorn close the client's connection; the caller's
+        # cleanup closes the replica's.
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        ex.outcome, ex.error_code, ex.disconnect_phase = "client_disconnected", "write_timeout", "write_stall"
+        return
+    except IdleTimeout:
+        failure = "upstream_idle_timeout"
+    except UpstreamError:
+        failure = "upstream_disconnected"
+    finally:
+        guard.close()
+    if ex.first_token is None and relay.first_token_at is not None:
+        ex.first_token = relay.first_token_at
+    if failure is not None:
+        # Whatever partial event is held back is dropped, never glued to the error.
+        ex.outcome, ex.error_code = "upstream_error", failure
+        ex.upstream_errors.append(failure)
+        message = f"The replica's answer broke off ({failure.replace('_', ' ')}); request {ex.request_id}"
+        await send(
+            {"type": "http.response.body", "body": sse_error_event(message, failure), "more_body": True}
+        )
+    elif ex.answer.thinking_trap and not relay.warned:
+        # A stream that ended without [DONE]: the warning still goes last.
+        await send({"type": "http.response.body", "body": TRAP_COMMENT, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+    ex.finished = clock()
+
+
+async def end_stream(send: Send, ex: Exchange, message: str, code: str) -> None:
+    """End a stream the gateway itself must stop (shutdown): one error event, no [DONE]."""
+    ex.error_code = code
+    await send({"type": "http.response.body", "body": sse_error_event(message, code), "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    headers = []
+    answer = ex.answer
+    if answer.cached_tokens is not None:
+        headers.append((b"x-gateway-cached-tokens", str(answer.cached_tokens).encode()))
+    if answer.thinking_trap:
+        headers.append((b"x-gateway-warning", TRAP_WARNING.encode()))
+    return headers
+
+
+def upstream_error_body(status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = ()) -> bytes:
+    """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic."""
+    message: str = ""
+    type_: str = "invalid_request_error"
+    code: str | int = status
+    param: str | None = None
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        if isinstance(error.get("message"), str):
+            message = error["message"]
+        if isinstance(error.get("code"), str | int):
+            code = error["code"]
+        if isinstance(error.get("param"), str):
+            param = error["param"]
+        if isinstance(error.get("type"), str) and len(error["type"]) <= 64:
+            type_ = error["type"]
+    elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        message = payload["message"]  # very old vLLM: a flat error object
+    message = scrub(message, secrets)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
+
+
+def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:
+    """A replica's message may echo its address or its key: neither reaches the client."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "[redacted]")
+    return _URL.sub("[address]", _CREDENTIAL.sub("[redacted]", message))
+
+
+def generic_error_body(message: str, code: str) -> bytes:
+    return render(message, "upstream_error", code)
