@@ -7,7 +7,6 @@ import contextlib
 import logging
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,18 +21,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.auth import KeyAuth
+from gateway.edge.dispatch import Dispatch, MethodNotAllowed
 from gateway.edge.guard import HeaderLimits
-from gateway.errors import render
+from gateway.edge.reject import reject
+from gateway.errors import GatewayError, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
-from gateway.ops import status
+from gateway.ops import catalogue, status
 from gateway.ops.accesslog import AccessLog
 from gateway.ops.exchange import Exchange
 from gateway.ops.metrics import Metrics
 from gateway.ops.recent import Recent
 from gateway.pipeline.proxy import Context, Proxy
-from gateway.pipeline.rewrite import Endpoint
 from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
 from gateway.upstream import UpstreamClient, create_client
@@ -136,9 +136,10 @@ def create_app(gateway: Gateway) -> Any:
             gateway.access_log.flush()
 
     routes = [
-        Route("/v1/chat/completions", _method_not_allowed, methods=["GET", "HEAD", "PUT", "DELETE", "PATCH"]),
-        Route("/v1/completions", _method_not_allowed, methods=["GET", "HEAD", "PUT", "DELETE", "PATCH"]),
+        # Claude Code probes `HEAD /` before its first request.
+        Route("/", _root, methods=["GET", "HEAD"]),
         Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model:path}", _model, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
         Route("/ready", _ready, methods=["GET"]),
         Route("/ui", _ui_page, methods=["GET"]),
@@ -149,35 +150,15 @@ def create_app(gateway: Gateway) -> Any:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={HTTPException: _http_error, GatewayError: _http_error},
     )
     # A 307 to the client's own Host header is a redirect the client controls: never.
     app.router.redirect_slashes = False
     settings = gateway.settings
-    authorised = KeyAuth(Dispatch(gateway.proxy, app), settings.keys())
-    return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count)
-
-
-class Dispatch:
-    """The two proxied paths go straight to the proxy; Starlette serves the rest.
-
-    Starlette's middleware stack and router cost about a fifth of the gateway's CPU per proxied
-    request; the proxy needs none of it (it is a raw ASGI handler with its own error renderer).
-    """
-
-    HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-
-    def __init__(self, proxy: Proxy, fallback: Any) -> None:
-        self.proxy = proxy
-        self.fallback = fallback
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.HOT.get(scope["path"])
-            if endpoint is not None:
-                await self.proxy.handle(endpoint, scope, receive, send)
-                return
-        await self.fallback(scope, receive, send)
+    record, clock = gateway.record, gateway.clock
+    dispatch = Dispatch(gateway.proxy.handle, app, record, clock)
+    authorised = KeyAuth(dispatch, settings.keys(), record, clock)
+    return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count, record, clock)
 
 
 def metrics_app(gateway: Gateway) -> Any:
@@ -203,36 +184,32 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
+async def _root(request: Request) -> Response:
+    if request.method == "HEAD":
+        return Response(status_code=200, media_type="application/json")
+    return _json({"name": "fleet-gateway", "models": "/v1/models", "status": "/ui", "health": "/health"})
+
+
 async def _models(request: Request) -> Response:
     fleet = _gateway(request).fleet
-    data = []
-    for preset in fleet.table.presets.values():
-        card = {
-            "id": preset.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "fleet-gateway",
-            "served_model": preset.served_model,
-            "aliases": list(preset.aliases),
-            "vision": preset.vision,
-            "ready": fleet.pools[preset.name].ready(),
-        }
-        data.append(card)
-        for alias in preset.aliases:
-            data.append(
-                {
-                    "id": alias,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "fleet-gateway",
-                    "preset": preset.name,
-                }
-            )
-    return _json({"object": "list", "data": data})
+    cards = catalogue.cards(fleet)
+    if "anthropic-version" in request.headers:
+        return _json(catalogue.anthropic_list(cards))
+    return _json({"object": "list", "data": cards})
 
 
-async def _method_not_allowed(request: Request) -> Response:
-    raise HTTPException(405)
+async def _model(request: Request) -> Response:
+    fleet = _gateway(request).fleet
+    name = request.path_params["model"]
+    card = catalogue.card(fleet, name)
+    if card is None:
+        raise NotFound(
+            f"The model '{name[:64]}' is not served here. Valid: {', '.join(fleet.table.model_names())}",
+            code="model_not_found",
+        )
+    if "anthropic-version" in request.headers:
+        return _json(catalogue.anthropic_card(card))
+    return _json(card)
 
 
 async def _health(request: Request) -> Response:
@@ -260,21 +237,30 @@ async def _metrics(request: Request) -> Response:
     return Response(generate_latest(_gateway(request).registry), media_type=CONTENT_TYPE_LATEST)
 
 
+class _Reply(Response):
+    """A reply already sent through the ASGI `send` (recorded, in the client's dialect)."""
+
+    def __init__(self, error: GatewayError, request: Request) -> None:
+        super().__init__()
+        self.error, self.request = error, request
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        gateway = _gateway(self.request)
+        await reject(scope, send, self.error, gateway.record, gateway.clock())
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, GatewayError):
+        return _Reply(exc, request)
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        message, code = f"Method {request.method} is not allowed here", "method_not_allowed"
+        error: GatewayError = MethodNotAllowed(f"Method {request.method} is not allowed here")
     else:
-        message, code = (
-            "Not found: the gateway serves /v1/chat/completions, /v1/completions and /v1/models",
-            "not_found",
+        error = NotFound(
+            "Not found: this path is not an endpoint of the gateway. It serves /v1/chat/completions, "
+            "/v1/completions, /v1/messages, /v1/responses, /v1/embeddings and /v1/models (see its docs)"
         )
-    return Response(
-        render(message, "invalid_request_error", code),
-        status_code=exc.status_code,
-        media_type="application/json",
-        headers={"x-request-id": uuid.uuid4().hex},
-    )
+    return _Reply(error, request)
 
 
 async def _wait_ready(gateway: Gateway) -> None:

@@ -153,6 +153,7 @@ def describe(table: Table) -> str:
             )
     lines.append("  tasks: " + (", ".join(f"{t} -> {p}" for t, p in table.tasks.items()) or "none"))
     lines.append(f"  default -> {table.default}; images -> {table.images or 'rejected (no vision preset)'}")
+    lines.extend(f"  warning: alias pattern {overlap}" for overlap in table.pattern_overlaps())
     return "\n".join(lines)
 
 

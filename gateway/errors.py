@@ -129,9 +129,3 @@ def render(message: str, type_: str, code: str | int, param: str | None = None) 
     return orjson.dumps(
         {"error": {"message": message[:MAX_MESSAGE], "type": type_, "code": code, "param": param}}
     )
-
-
-def sse_error_event(message: str, code: str) -> bytes:
-    """The one event that ends a stream the gateway could not finish (no `[DONE]` after it)."""
-    payload = {"error": {"message": message[:MAX_MESSAGE], "type": "upstream_error", "code": code}}
-    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -4,6 +4,7 @@ import orjson
 import pytest
 
 from gateway.dialects.answer import Answer
+from gateway.dialects.openai import OPENAI
 from gateway.relay.sse import TRAP_COMMENT, SseRelay
 
 STREAM = (
@@ -125,7 +126,7 @@ def reference(stream: bytes, drop_usage: bool) -> tuple[bytes, tuple[object, ...
             data = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
             payload = orjson.loads(b"\n".join(data)) if data and data[0].startswith(b"{") else None
             if isinstance(payload, dict):
-                answer.read_chunk(payload)
+                OPENAI.read_event(answer, payload)
                 if drop_usage and payload.get("choices") == [] and "usage" in payload:
                     continue
         kept.append(event + separator)

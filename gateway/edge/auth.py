@@ -1,23 +1,25 @@
 """Gateway API keys, as plain ASGI middleware in front of everything but the health endpoints.
 
-The decision reads `scope["path"]`, never a URL rebuilt from the Host header: both HTTP parsers
-accept `Host: localhost/v1/models?`, which is how vLLM's own check was bypassed (GHSA-94f4-hr76-p5j6).
+A key is accepted as `Authorization: Bearer <key>` (OpenAI SDKs, Codex) or `x-api-key: <key>`
+(Anthropic SDKs, Claude Code with ANTHROPIC_API_KEY). The decision reads `scope["path"]`, never a
+URL rebuilt from the Host header: both HTTP parsers accept `Host: localhost/v1/models?`, which is
+how vLLM's own check was bypassed (GHSA-94f4-hr76-p5j6).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import uuid
-from typing import Any
+import time
+from collections.abc import Callable
 
+from gateway.edge.reject import Recorder, reject
 from gateway.errors import Unauthorized
-from gateway.ops.exchange import Exchange
-from gateway.relay.respond import send_error
-from gateway.types import ASGIApp, Scope
+from gateway.types import ASGIApp, Receive, Scope, Send
 
 # The status page itself holds no data (it asks for the key and sends it with /ui/state).
-PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui"})
+# `/` answers Claude Code's HEAD probe, which it sends without a key.
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui", "/"})
 
 
 def key_matches(presented: str, keys: frozenset[str]) -> bool:
@@ -30,29 +32,43 @@ def key_matches(presented: str, keys: frozenset[str]) -> bool:
     return found
 
 
-def bearer(scope: Scope) -> str | None:
+def presented_key(scope: Scope) -> str | None:
+    """The key as the client sent it: a bearer token, else `x-api-key`."""
+    api_key: str | None = None
     for name, value in scope["headers"]:
+        text: str = value.decode("latin-1")
         if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return None
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif name == b"x-api-key" and text.strip():
+            api_key = text.strip()
+    return api_key
 
 
 class KeyAuth:
-    def __init__(self, app: ASGIApp, keys: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: frozenset[str],
+        record: Recorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
         self.keys = keys
+        self.record = record
+        self.clock = clock
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        token = bearer(scope)
+        token = presented_key(scope)
         if token is not None and key_matches(token, self.keys):
             # Who the client is, for per-client figures (prefix churn), without keeping the key.
             scope["gateway.client"] = "key:" + hashlib.sha256(token.encode()).hexdigest()[:8]
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if token is None else "Invalid API key"
-        ex = Exchange(request_id=uuid.uuid4().hex, endpoint="auth", started=0.0)
-        await send_error(send, ex, Unauthorized(f"{message}: send 'Authorization: Bearer <key>'"))
+        error = Unauthorized(f"{message}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
+        await reject(scope, send, error, self.record, self.clock())

@@ -6,12 +6,12 @@ Envoy applies at its edge (60 KiB, 100 fields) are enforced in the first ASGI la
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
+import time
+from collections.abc import Callable
 
+from gateway.edge.reject import Recorder, reject
 from gateway.errors import GatewayError
-from gateway.ops.exchange import Exchange
-from gateway.relay.respond import send_error
+from gateway.types import ASGIApp, Receive, Scope, Send
 
 
 class HeadersTooLarge(GatewayError):
@@ -21,19 +21,27 @@ class HeadersTooLarge(GatewayError):
 
 
 class HeaderLimits:
-    def __init__(self, app: Any, max_bytes: int, max_count: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_count: int,
+        record: Recorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_count = max_count
+        self.record = record
+        self.clock = clock
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = scope["headers"]
             if len(headers) > self.max_count or sum(len(k) + len(v) for k, v in headers) > self.max_bytes:
-                ex = Exchange(request_id=uuid.uuid4().hex, endpoint="guard", started=0.0)
                 error = HeadersTooLarge(
                     f"Request headers exceed the limit of {self.max_count} fields or {self.max_bytes} bytes"
                 )
-                await send_error(send, ex, error)
+                await reject(scope, send, error, self.record, self.clock())
                 return
         await self.app(scope, receive, send)

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.fleet.health import Outcome
 from gateway.fleet.replicas import Pool, Replica
@@ -69,7 +70,7 @@ class Attempt:
 
     ex: Exchange
     pool: Pool
-    path: str
+    endpoint: Endpoint
     body: dict[str, Any]
     size: int
     deadline: float
@@ -79,6 +80,17 @@ class Attempt:
     encoded: dict[int | None, tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
     ticket: int = 0
     blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
+    forward: list[tuple[str, str]] = field(default_factory=list)  # client headers the endpoint reads
+    pinned: str | None = None  # the one replica that holds what this request refers to
+
+    def unfit(self) -> list[str]:
+        """Replicas this request must never reach: an engine without the endpoint, or any
+        replica but the pinned one."""
+        return [
+            r.name
+            for r in self.pool.replicas
+            if not self.endpoint.serves(r.engine) or (self.pinned is not None and r.name != self.pinned)
+        ]
 
 
 class Dispatcher:
@@ -159,7 +171,7 @@ class Dispatcher:
     async def _try(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         pool, ex = attempt.pool, attempt.ex
         # A replica that refused this request's connection is not asked again by it.
-        pick = pool.pick(attempt.ticket, attempt.key, exclude=attempt.refused)
+        pick = pool.pick(attempt.ticket, attempt.key, exclude=[*attempt.refused, *attempt.unfit()])
         if attempt.tried:
             suspects = [r.name for r in pool.replicas if r.health.connect_fail_streak]
             pick = retry_order(pick, attempt.tried, suspects)
@@ -180,7 +192,10 @@ class Dispatcher:
         ex.upstream_sent = ex.upstream_sent or self.clock()
         try:
             response = await self.client.send(
-                replica.url + attempt.path, upstream_headers(ex, replica), data, _timeouts(pool, ex.stream)
+                replica.url + attempt.endpoint.upstream[replica.engine],
+                upstream_headers(ex, replica, attempt.forward),
+                data,
+                _timeouts(pool, ex.stream),
             )
         except UpstreamError as error:
             pool.release(replica)
@@ -223,7 +238,7 @@ class Dispatcher:
     async def _encode(self, attempt: Attempt, context: int | None) -> bytes:
         """Serialise once per distinct context cap; large bodies on a thread."""
         if context not in attempt.encoded:
-            capped, note = cap_to_context(attempt.body, context)
+            capped, note = cap_to_context(attempt.body, context, attempt.endpoint)
             if attempt.size > self.offload_bytes:
                 data = await asyncio.to_thread(_serialise, capped, attempt.blobs)
             else:
@@ -239,10 +254,13 @@ def _serialise(body: dict[str, Any], blobs: Blobs) -> bytes:
     return put_back(orjson.dumps(body), blobs)
 
 
-def upstream_headers(ex: Exchange, replica: Replica) -> list[tuple[str, str]]:
-    # Nothing of the client's headers is forwarded: not its credentials, not hop-by-hop or proxy
-    # headers, not a forged X-Forwarded-For. The replica sees the gateway's own set only.
-    headers = [("content-type", "application/json"), ("x-request-id", ex.request_id)]
+def upstream_headers(
+    ex: Exchange, replica: Replica, forward: list[tuple[str, str]] | None = None
+) -> list[tuple[str, str]]:
+    # Of the client's headers only those its endpoint's engines read are forwarded (the Anthropic
+    # version and betas): not its credentials, not hop-by-hop or proxy headers, not a forged
+    # X-Forwarded-For. The replica sees the gateway's own set otherwise.
+    headers = [("content-type", "application/json"), ("x-request-id", ex.request_id), *(forward or ())]
     if ex.client:
         headers.append(("x-forwarded-for", ex.client))
     key = replica.api_key()

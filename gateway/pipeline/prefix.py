@@ -66,6 +66,7 @@ _TIDY_SPACE = re.compile(r"[ \t]{2,}")
 _TIDY_BEFORE = re.compile(r"[ \t]+([.,;:!?])")
 _TIDY_REPEAT = re.compile(r"([.,;:!?])(?:[ \t]*[.,;:!?])+")
 SYSTEM_ROLES = ("system", "developer")
+TEXT_PARTS = ("text", "input_text")  # chat and Messages; Responses
 CACHE_SIZE = 512
 
 
@@ -156,8 +157,9 @@ def apply(
 ) -> PrefixReport:
     """Detect (and for move/strip, cut) volatile spans; then fingerprint the prefix and key the session."""
     report = PrefixReport()
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    view = _View(body)
+    messages = view.messages
+    if messages is None:
         return report
     leading = list(_leading_system(messages))
     last_user = _last_user(messages)
@@ -193,7 +195,40 @@ def apply(
         if masked
         else report.fingerprint
     )
+    view.write_back()
     return report
+
+
+class _View:
+    """Each dialect's prompt as one list of role messages, the system prompt first.
+
+    Chat: `messages`. Anthropic Messages: the top-level `system` as a leading system message, then
+    `messages`. Responses: `instructions` likewise, then the `input` items. Only what a rule
+    replaced is written back; every other value stays the object the client sent.
+    """
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.lead: str | None = None  # the top-level key held as messages[0]
+        self.key = "messages"
+        items = body.get("messages")
+        if not isinstance(items, list) and isinstance(body.get("input"), list):
+            self.key, items = "input", body["input"]
+        self.messages: list[Any] | None = None
+        if not isinstance(items, list):
+            return
+        for lead in ("system", "instructions"):
+            if isinstance(body.get(lead), str | list) and body[lead]:
+                self.lead = lead
+                self.messages = [{"role": "system", "content": body[lead]}, *items]
+                return
+        self.messages = items
+
+    def write_back(self) -> None:
+        if self.lead is None or self.messages is None:
+            return  # edited in place
+        self.body[self.lead] = self.messages[0]["content"]
+        self.body[self.key] = self.messages[1:]
 
 
 def fingerprint(preset: str, system: list[Any], tools: Any) -> str:
@@ -239,7 +274,11 @@ def _texts(message: dict[str, Any]) -> Iterator[tuple[int | None, str]]:
         yield None, content
     elif isinstance(content, list):
         for index, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            if (
+                isinstance(part, dict)
+                and part.get("type") in TEXT_PARTS
+                and isinstance(part.get("text"), str)
+            ):
                 yield index, part["text"]
 
 
@@ -257,7 +296,9 @@ def _append(message: dict[str, Any], line: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {**message, "content": f"{content}\n\n{line}"}
     if isinstance(content, list):
-        return {**message, "content": [*content, {"type": "text", "text": line}]}
+        responses = any(isinstance(part, dict) and part.get("type") == "input_text" for part in content)
+        part = {"type": "input_text" if responses else "text", "text": line}
+        return {**message, "content": [*content, part]}
     return message
 
 

@@ -1,7 +1,10 @@
 """The request path, in order; the one place that knows it.
 
-    read body -> parse -> route -> rewrite -> pick, admit, send (attempts.py: retrying on another
-    replica only before the client saw a byte) -> relay -> record
+    read body -> parse -> check -> route -> rewrite -> prefix -> pick, admit, send (attempts.py:
+    retrying on another replica only before the client saw a byte) -> relay -> record
+
+`_steps` reads as that list. The same steps serve every endpoint of the registry
+(gateway/dialects/registry.py); what differs per wire format is asked of the endpoint's dialect.
 
 A disconnect watcher runs beside each request. When the client leaves, in any phase, it cancels
 the request's task, and cancellation closes the upstream connection: vLLM aborts the request,
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.answer import TRAP_WARNING
+from gateway.dialects.registry import Endpoint
 from gateway.errors import (
+    BadRequest,
     GatewayBug,
     GatewayError,
     GatewayTimeout,
@@ -35,9 +40,10 @@ from gateway.ops.exchange import Exchange
 from gateway.pipeline import prefix
 from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.pipeline.blobs import Blobs
-from gateway.pipeline.body import ClientGone, has_images, parse_large, parse_object, read_body
-from gateway.pipeline.rewrite import Endpoint, Plan, check_request, requested_task, rewrite
+from gateway.pipeline.body import ClientGone, parse_large, parse_object, read_body
+from gateway.pipeline.rewrite import Plan, check_request, requested_task, rewrite
 from gateway.relay import respond as relay
+from gateway.routing.balancer import POLICIES
 from gateway.routing.table import Preset
 from gateway.settings import Settings
 from gateway.types import Receive, Scope, Send
@@ -45,7 +51,9 @@ from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 Recorder = Callable[[Exchange], None]
 
-UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Headers by which agents name their session: the prefix-affinity key where present, so every turn
+# of one agent session reaches the replica that holds its prefix.
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id", "x-session-affinity")
 log = logging.getLogger("gateway.pipeline.proxy")
 prefix_log = logging.getLogger("gateway.pipeline.prefix")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -92,7 +100,7 @@ class Proxy:
         client = scope.get("client")
         ex = Exchange(
             request_id=given_id if given_id and _REQUEST_ID.match(given_id) else next(self._ids),
-            endpoint=endpoint,
+            endpoint=endpoint.name,
             started=self.ctx.clock(),
             client=client[0] if client else "",
             client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
@@ -125,7 +133,7 @@ class Proxy:
             return
         except GatewayError as error:
             ex.outcome = "rejected"
-            await relay.send_error(send, ex, error)
+            await relay.send_error(send, ex, error, endpoint.dialect)
             return
         task = asyncio.current_task()
         assert task is not None
@@ -136,7 +144,7 @@ class Proxy:
         except asyncio.CancelledError:
             if not watch.client_left:
                 # The server is stopping and the drain period is over: say so rather than go silent.
-                await _shutdown_reply(send, ex)
+                await _shutdown_reply(send, ex, endpoint)
                 raise
             task.uncancel()
             ex.outcome = "client_disconnected"
@@ -149,7 +157,7 @@ class Proxy:
         self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
     ) -> None:
         try:
-            await self._route_and_relay(endpoint, headers, raw, ex, send)
+            await self._steps(endpoint, headers, raw, ex, send)
         except GatewayError as error:
             if ex.headers_sent:
                 raise
@@ -160,40 +168,74 @@ class Proxy:
                 )
             if ex.outcome == "completed":
                 ex.outcome = "upstream_error" if ex.attempts else "rejected"
-            await relay.send_error(send, ex, error)
+            await relay.send_error(send, ex, error, endpoint.dialect)
         except Exception as exc:
             if ex.headers_sent:
                 raise
             log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
             ex.outcome = "rejected"
-            await relay.send_error(
-                send, ex, GatewayBug(f"The gateway failed on this request; request {ex.request_id}")
-            )
+            bug = GatewayBug(f"The gateway failed on this request; request {ex.request_id}")
+            await relay.send_error(send, ex, bug, endpoint.dialect)
 
-    async def _route_and_relay(
+    async def _steps(
         self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
     ) -> None:
-        settings, fleet, clock = self.ctx.settings, self.ctx.fleet(), self.ctx.clock
-        blobs = Blobs()
-        if len(raw) > settings.offload_bytes:
-            body, blobs = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
-        else:
-            body = parse_object(raw, settings.max_json_depth)
+        settings, fleet = self.ctx.settings, self.ctx.fleet()
+        body, blobs = await self._parse(raw)
         check_request(body, endpoint)
         if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
-            ex.prompt = body.get("messages", body.get("prompt"))
-        task = requested_task(body, headers.get("x-task"))
-        route = fleet.table.resolve(body.get("model"), task, endpoint == "chat" and has_images(body))
-        preset = route.preset
-        ex.preset, ex.route = preset.name, route.reason
+            ex.prompt = body.get("messages", body.get("prompt", body.get("input")))
+        preset = self._route(endpoint, body, headers, ex, fleet)
         plan = rewrite(body, preset, endpoint, want_usage=True)
         ex.rewrites.extend(plan.notes)
         ex.stream = plan.stream
         key = self._prefix(body, ex, preset, headers)
         pool = fleet.pools[preset.name]
-        deadline = clock() + preset.timeouts.read
+        attempt = Attempt(
+            ex,
+            pool,
+            endpoint,
+            body,
+            len(raw),
+            self.ctx.clock() + preset.timeouts.read,
+            key=key,
+            blobs=blobs,
+            forward=[(name, headers[name]) for name in endpoint.forward if name in headers],
+        )
+        await self._send_and_relay(attempt, plan, send)
+
+    async def _parse(self, raw: bytes | bytearray) -> tuple[dict[str, Any], Blobs]:
+        settings = self.ctx.settings
+        if len(raw) > settings.offload_bytes:
+            return await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
+        return parse_object(raw, settings.max_json_depth), Blobs()
+
+    def _route(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], ex: Exchange, fleet: Fleet
+    ) -> Preset:
+        """Model, alias or pattern, else task, else the default; images to vision; then a preset
+        with the capability and an engine that serves the endpoint."""
+        table = fleet.table
+        model = body.get("model")
+        task = requested_task(body, headers.get("x-task"))
+        route = table.resolve(model, task, endpoint.dialect.has_images(body))
+        preset, reason = route.preset, route.reason
+        able = [p for p in table.presets.values() if _serves(p, endpoint)]
+        if preset not in able:
+            chosen = (model is not None and model != "auto") or task is not None
+            if chosen or not able:
+                names = ", ".join(p.name for p in able) or "none"
+                raise BadRequest(
+                    f"Preset '{preset.name}' does not serve {endpoint.path}; presets that do: {names}",
+                    code="endpoint_not_served",
+                )
+            preset, reason = able[0], "capability"
+        ex.preset, ex.route = preset.name, reason
+        return preset
+
+    async def _send_and_relay(self, attempt: Attempt, plan: Plan, send: Send) -> None:
+        ex, preset, pool = attempt.ex, attempt.pool.preset, attempt.pool
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
-        attempt = Attempt(ex, pool, UPSTREAM_PATHS[endpoint], body, len(raw), deadline, key=key, blobs=blobs)
         try:
             # One deadline for the whole answer, retries included.
             async with asyncio.timeout_at(loop_deadline):
@@ -201,19 +243,25 @@ class Proxy:
                     response, replica = await self.dispatcher.open(attempt)
                 else:
                     response, replica = await self._open_detachable(attempt, loop_deadline)
-                await self._relay(ex, preset, plan, pool, response, replica, send, loop_deadline)
+                await self._relay(ex, attempt.endpoint, plan, pool, response, replica, send, loop_deadline)
         except TimeoutError:
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
             if not ex.headers_sent:
                 raise GatewayTimeout(message, code="deadline_exceeded") from None
             if ex.stream:
-                await relay.end_stream(send, ex, f"{message}; request {ex.request_id}", "deadline_exceeded")
+                await relay.end_stream(
+                    send,
+                    ex,
+                    f"{message}; request {ex.request_id}",
+                    "deadline_exceeded",
+                    attempt.endpoint.dialect,
+                )
 
     async def _relay(
         self,
         ex: Exchange,
-        preset: Preset,
+        endpoint: Endpoint,
         plan: Plan,
         pool: Pool,
         response: UpstreamResponse,
@@ -222,9 +270,10 @@ class Proxy:
         loop_deadline: float,
     ) -> None:
         detach = False
+        preset = pool.preset
         try:
             if response.status >= 300:
-                await self._relay_status(ex, replica, response, send)
+                await self._relay_status(ex, endpoint, replica, response, send)
             elif plan.stream:
                 await relay.send_stream(
                     send,
@@ -234,9 +283,10 @@ class Proxy:
                     write_timeout=self.ctx.settings.write_timeout,
                     clock=self.ctx.clock,
                     progress=replica.health.progress,
+                    dialect=endpoint.dialect,
                 )
             else:
-                await relay.send_whole(send, ex, response, self.ctx.clock)
+                await relay.send_whole(send, ex, response, self.ctx.clock, endpoint.dialect)
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
@@ -285,10 +335,9 @@ class Proxy:
 
     def _prefix(self, body: dict[str, Any], ex: Exchange, spec: Preset, headers: dict[str, str]) -> str:
         """Volatile content, the prefix fingerprint and churn; returns the affinity key."""
-        user = body.get("user")
-        session = headers.get("x-session-id") or (user if isinstance(user, str) and user else None)
+        session = _session(body, headers)
         preset, mode = spec.name, spec.prefix.volatile
-        keyed = spec.policy == "prefix_affinity"  # the key hashes the conversation's start: only when used
+        keyed = POLICIES[spec.policy].needs_key
         report = prefix.apply(body, mode, preset, self.volatile, session, keyed=keyed)
         ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
         if report.kinds and mode in ("move", "strip"):
@@ -314,7 +363,7 @@ class Proxy:
         return report.affinity_key or ""
 
     async def _relay_status(
-        self, ex: Exchange, replica: Replica, response: UpstreamResponse, send: Send
+        self, ex: Exchange, endpoint: Endpoint, replica: Replica, response: UpstreamResponse, send: Send
     ) -> None:
         """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""
         data = await response.read(ERROR_BODY_LIMIT)
@@ -326,7 +375,9 @@ class Proxy:
                 f"The replica failed to answer (HTTP {response.status}); request {ex.request_id}"
             )
         key = replica.api_key()
-        body = relay.upstream_error_body(response.status, data, ex.request_id, (key,) if key else ())
+        body = relay.upstream_error_body(
+            response.status, data, ex.request_id, (key,) if key else (), endpoint.dialect
+        )
         ex.status, ex.error_code = response.status, str(response.status)
         headers = [
             (b"content-type", b"application/json"),
@@ -338,16 +389,37 @@ class Proxy:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _shutdown_reply(send: Send, ex: Exchange) -> None:
+async def _shutdown_reply(send: Send, ex: Exchange, endpoint: Endpoint) -> None:
     ex.outcome, ex.error_code = "upstream_error", "shutdown"
     message = f"The gateway is shutting down; request {ex.request_id} was cut off"
     with contextlib.suppress(Exception):
         if ex.headers_sent and ex.stream:
-            await relay.end_stream(send, ex, message, "shutdown")
+            await relay.end_stream(send, ex, message, "shutdown", endpoint.dialect)
         elif not ex.headers_sent:
-            await relay.send_error(
-                send, ex, NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
-            )
+            error = NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
+            await relay.send_error(send, ex, error, endpoint.dialect)
+
+
+def _serves(preset: Preset, endpoint: Endpoint) -> bool:
+    if endpoint.needs is not None and not getattr(preset, endpoint.needs):
+        return False
+    engines = {r.engine for r in preset.replicas} | ({preset.discover.engine} if preset.discover else set())
+    return not engines or any(endpoint.serves(engine) for engine in engines)
+
+
+def _session(body: dict[str, Any], headers: dict[str, str]) -> str | None:
+    """The client's own name for its session, where it gives one."""
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    for key in ("prompt_cache_key", "user"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_id if isinstance(user_id, str) and user_id else None
 
 
 def _past(loop_deadline: float) -> bool:

@@ -14,7 +14,9 @@ from collections.abc import Callable
 import orjson
 
 from gateway.dialects.answer import TRAP_WARNING
-from gateway.errors import GatewayError, render, sse_error_event
+from gateway.dialects.base import Dialect
+from gateway.dialects.openai import OPENAI
+from gateway.errors import MAX_MESSAGE, GatewayError, render
 from gateway.ops.exchange import Exchange
 from gateway.relay.sse import TRAP_COMMENT, SseRelay
 from gateway.types import Clock, Send
@@ -44,8 +46,9 @@ def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-async def send_error(send: Send, ex: Exchange, error: GatewayError) -> None:
-    body = error.body()
+async def send_error(send: Send, ex: Exchange, error: GatewayError, dialect: Dialect = OPENAI) -> None:
+    """The gateway's own answer, in the envelope the client's dialect expects."""
+    body = dialect.error_body(error.status, error.type, error.message, error.code, error.param)
     ex.status, ex.error_code = error.status, error.code
     headers = [
         (b"content-type", b"application/json"),
@@ -60,7 +63,9 @@ async def send_error(send: Send, ex: Exchange, error: GatewayError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_whole(send: Send, ex: Exchange, response: UpstreamResponse, clock: Clock) -> None:
+async def send_whole(
+    send: Send, ex: Exchange, response: UpstreamResponse, clock: Clock, dialect: Dialect = OPENAI
+) -> None:
     """A non-streaming answer: its headers come only when generation ends, so read it all."""
     data = await response.read()
     ex.status = response.status
@@ -71,7 +76,7 @@ async def send_whole(send: Send, ex: Exchange, response: UpstreamResponse, clock
         except orjson.JSONDecodeError:
             payload = None
         if isinstance(payload, dict):
-            ex.answer.read_message(payload)
+            dialect.read_whole(ex.answer, payload)
     headers = [
         (b"content-type", content_type.encode("latin-1")),
         (b"content-length", str(len(data)).encode()),
@@ -121,8 +126,9 @@ async def send_stream(
     write_timeout: float,
     clock: Clock,
     progress: Callable[[float], None] | None = None,
+    dialect: Dialect = OPENAI,
 ) -> None:
-    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock)
+    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock, dialect=dialect)
     ex.status = response.status
     headers = [
         (b"content-type", response.headers.get("content-type", "text/event-stream").encode("latin-1")),
@@ -171,9 +177,8 @@ async def send_stream(
         ex.outcome, ex.error_code = "upstream_error", failure
         ex.upstream_errors.append(failure)
         message = f"The replica's answer broke off ({failure.replace('_', ' ')}); request {ex.request_id}"
-        await send(
-            {"type": "http.response.body", "body": sse_error_event(message, failure), "more_body": True}
-        )
+        event = dialect.stream_error(message[:MAX_MESSAGE], failure)
+        await send({"type": "http.response.body", "body": event, "more_body": True})
     elif ex.answer.thinking_trap and not relay.warned:
         # A stream that ended without [DONE]: the warning still goes last.
         await send({"type": "http.response.body", "body": TRAP_COMMENT, "more_body": True})
@@ -181,10 +186,11 @@ async def send_stream(
     ex.finished = clock()
 
 
-async def end_stream(send: Send, ex: Exchange, message: str, code: str) -> None:
+async def end_stream(send: Send, ex: Exchange, message: str, code: str, dialect: Dialect = OPENAI) -> None:
     """End a stream the gateway itself must stop (shutdown): one error event, no [DONE]."""
     ex.error_code = code
-    await send({"type": "http.response.body", "body": sse_error_event(message, code), "more_body": True})
+    event = dialect.stream_error(message[:MAX_MESSAGE], code)
+    await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -198,30 +204,22 @@ def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def upstream_error_body(status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = ()) -> bytes:
-    """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic."""
-    message: str = ""
-    type_: str = "invalid_request_error"
-    code: str | int = status
-    param: str | None = None
+def upstream_error_body(
+    status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
+) -> bytes:
+    """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic.
+    Either engine may answer in either envelope; the client gets its own dialect's."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
         payload = None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict):
-        if isinstance(error.get("message"), str):
-            message = error["message"]
-        if isinstance(error.get("code"), str | int):
-            code = error["code"]
-        if isinstance(error.get("param"), str):
-            param = error["param"]
-        if isinstance(error.get("type"), str) and len(error["type"]) <= 64:
-            type_ = error["type"]
-    elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
-        message = payload["message"]  # very old vLLM: a flat error object
+    message, type_, code, param = dialect.error_message(payload)
+    if not message and dialect is not OPENAI:
+        message, type_, code, param = OPENAI.error_message(payload)
+    if type_ is None or len(type_) > 64:
+        type_ = "invalid_request_error"
     message = scrub(message, secrets)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
+    return dialect.error_body(status, type_, message, status if code is None else code, param)
 
 
 def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:

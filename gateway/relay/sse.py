@@ -14,16 +14,11 @@ from collections.abc import Callable
 import orjson
 
 from gateway.dialects.answer import TRAP_WARNING, Answer
+from gateway.dialects.base import Dialect
+from gateway.dialects.openai import OPENAI
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-_CONTENT = re.compile(rb'"(?:content|text)":\s*"(?!")|"tool_calls":\s*\[\s*\{')
-_REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"(?!")')
-# Plain substring tests, far cheaper than a regex scan of every block, in the compact spelling both
-# engines emit. A finish reason that is not null, and usage (llama-server's timings come with it,
-# and the gateway asks for usage on every stream).
-_MARKERS = (b'"finish_reason":"', b'"usage"')
-_DONE = b"data: [DONE]"
 # The thinking trap is known only at the end of a stream, long after the headers left. An SSE
 # comment is ignored by clients' parsers but seen in the raw stream; it goes before [DONE], since
 # most clients stop reading there.
@@ -31,8 +26,14 @@ TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
 
 
 class SseRelay:
-    def __init__(self, answer: Answer, drop_usage: bool, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, answer: Answer, drop_usage: bool, clock: Callable[[], float], dialect: Dialect = OPENAI
+    ) -> None:
         self.answer = answer
+        self.dialect = dialect
+        # Plain substring tests, far cheaper than a regex scan of every block, in the compact
+        # spelling both engines emit: the few events that carry usage or the answer's end.
+        self.markers = dialect.markers
         self.drop_usage = drop_usage  # the gateway asked for usage; the client did not
         self.first_token_at: float | None = None
         self._clock = clock
@@ -71,8 +72,14 @@ class SseRelay:
     def _inspect(self, block: bytes) -> bytes:
         out = self._pass(block)
         # finish_reason first: one attribute test per block on the hot path.
-        if self.answer.finish_reason == "length" and not self.warned and self.answer.thinking_trap:
-            done = out.find(_DONE)
+        done_marker = self.dialect.done
+        if (
+            done_marker is not None
+            and self.answer.finish_reason == "length"
+            and not self.warned
+            and self.answer.thinking_trap
+        ):
+            done = out.find(done_marker)
             if done >= 0:
                 self.warned = True
                 return out[:done] + TRAP_COMMENT + out[done:]
@@ -82,34 +89,37 @@ class SseRelay:
         answer = self.answer
         if not answer.content_seen:
             # Reasoning only matters until an answer appears (the first token; the thinking trap).
-            if _CONTENT.search(block):
+            if self.dialect.content.search(block):
                 answer.content_seen = True
-            elif not answer.reasoning_seen and _REASONING.search(block):
+            elif not answer.reasoning_seen and self.dialect.reasoning.search(block):
                 answer.reasoning_seen = True
             if self.first_token_at is None and (answer.content_seen or answer.reasoning_seen):
                 self.first_token_at = self._clock()
-        finish, usage = block.find(_MARKERS[0]), block.find(_MARKERS[1])
-        if finish < 0 and usage < 0:
+        markers = self.markers
+        found = [block.find(marker) for marker in markers]
+        if max(found) < 0:
             return block
         # Reads often hold many events at once (64 after a stall): only the one or two that carry
-        # a finish reason or usage are cut out and parsed; the bytes around them pass as they are.
+        # usage or the answer's end are cut out and parsed; the bytes around them pass as they are.
+        dialect = self.dialect
         kept: list[bytes] = []
         copied = 0  # block[:copied] is in `kept` or dropped
         after = 0
-        while finish >= 0 or usage >= 0:
-            at = usage if finish < 0 or 0 <= usage < finish else finish
-            start, end, after = _event_around(block, at, after)
+        while True:
+            live = [at for at in found if at >= 0]
+            if not live:
+                break
+            start, end, after = _event_around(block, min(live), after)
             payload = _data(block[start:end])
             if payload is not None:
-                answer.read_chunk(payload)
-                if self.drop_usage and payload.get("choices") == [] and "usage" in payload:
+                dialect.read_event(answer, payload)
+                if self.drop_usage and dialect.injected_usage(payload):
                     kept.append(block[copied:start])
                     copied = after
             # Each marker is searched for again only once passed: one scan of the block for each.
-            if 0 <= finish < after:
-                finish = block.find(_MARKERS[0], after)
-            if 0 <= usage < after:
-                usage = block.find(_MARKERS[1], after)
+            found = [
+                block.find(m, after) if 0 <= at < after else at for m, at in zip(markers, found, strict=True)
+            ]
         if not copied:
             return block
         kept.append(block[copied:])

@@ -9,7 +9,8 @@ answering 503 at once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.routing.table import Policy
@@ -28,17 +29,42 @@ class Pick(NamedTuple):
     reason: str  # round_robin | least_busy | affinity | affinity_overload | panic
 
 
+@dataclass(frozen=True)
+class Balancing:
+    """One policy: how it orders a snapshot, and whether it needs the request's prefix key (the
+    key hashes the conversation's start, so it is computed only for policies that use it)."""
+
+    order: Callable[[list[ReplicaView], int, str | None], tuple[list[ReplicaView], str]]
+    needs_key: bool = False
+
+
+def _by_rotation(pool: list[ReplicaView], ticket: int, key: str | None) -> tuple[list[ReplicaView], str]:
+    return _rotate(pool, ticket), "round_robin"
+
+
+def _by_load(pool: list[ReplicaView], ticket: int, key: str | None) -> tuple[list[ReplicaView], str]:
+    return _least_busy(pool, ticket), "least_busy"
+
+
+def _by_prefix(pool: list[ReplicaView], ticket: int, key: str | None) -> tuple[list[ReplicaView], str]:
+    if key is None:
+        return _by_rotation(pool, ticket, key)
+    return _affinity(pool, key, ticket)
+
+
+POLICIES: dict[str, Balancing] = {
+    "round_robin": Balancing(_by_rotation),
+    "least_busy": Balancing(_by_load),
+    "prefix_affinity": Balancing(_by_prefix, needs_key=True),
+}
+
+
 def choose(policy: Policy, replicas: Sequence[ReplicaView], *, ticket: int, key: str | None = None) -> Pick:
     live = [r for r in replicas if r.available]
     panic = not live
     pool = list(replicas) if panic else live
     rest = [] if panic else [r for r in replicas if not r.available]
-    if policy == "least_busy":
-        ordered, reason = _least_busy(pool, ticket), "least_busy"
-    elif policy == "prefix_affinity" and key is not None:
-        ordered, reason = _affinity(pool, key, ticket)
-    else:
-        ordered, reason = _rotate(pool, ticket), "round_robin"
+    ordered, reason = POLICIES[policy].order(pool, ticket, key)
     return Pick(tuple(r.name for r in ordered + rest), "panic" if panic else reason)
 
 

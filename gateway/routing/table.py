@@ -8,8 +8,10 @@ never meets a half-valid table.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -23,7 +25,24 @@ from gateway.errors import BadRequest, ModelNotFound, UnknownTask
 Engine = Literal["vllm", "llamacpp"]
 Policy = Literal["round_robin", "least_busy", "prefix_affinity"]
 Volatile = Literal["off", "warn", "move", "strip"]
-RouteReason = Literal["model", "alias", "task", "images", "default"]
+RouteReason = Literal["model", "alias", "pattern", "task", "images", "default", "capability"]
+# Named rewrites for what agents send and local engines or chat templates reject (dialects/).
+Fix = Literal[
+    "billing_header", "system_in_turns", "anthropic_only_fields", "codex_lite", "unknown_tool_types"
+]
+ALL_FIXES: tuple[Fix, ...] = (
+    "billing_header",
+    "system_in_turns",
+    "anthropic_only_fields",
+    "codex_lite",
+    "unknown_tool_types",
+)
+# `openai/coder` names the preset `coder` for clients that prefix a provider (LiteLLM, aider).
+PROVIDER_PREFIXES = ("openai/", "anthropic/", "hosted_vllm/", "vllm/", "llamacpp/", "local/", "fleet/")
+# Claude Code asks for `claude-opus-4-8[1m]` when it wants a 1M context: the suffix names a mode
+# of Anthropic's service, not another model.
+_MODE_SUFFIX = re.compile(r"\[[0-9a-z]+\]$")
+_GLOB = re.compile(r"[*?]")
 
 
 class _Strict(BaseModel):
@@ -118,6 +137,9 @@ class _Inherited(_Strict):
     """Keys that `defaults` sets and any preset may override."""
 
     thinking: bool | None = None
+    # True: the preset's thinking setting replaces the client's (Claude Code always asks to think).
+    thinking_override: bool | None = None
+    compat: list[Fix] | None = None
     max_tokens: int | None = Field(None, ge=1)
     min_max_tokens: int | None = Field(None, ge=0)
     policy: Policy | None = None
@@ -135,6 +157,8 @@ class PresetSpec(_Inherited):
     served_model: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
     vision: bool = False
+    embeddings: bool = False  # its replicas serve /v1/embeddings (a pooling model, --embeddings)
+    rerank: bool = False  # its replicas serve /v1/rerank
     replicas: list[ReplicaSpec] = Field(default_factory=list)
     discover: Discover | None = None
 
@@ -154,6 +178,8 @@ class RoutesFile(_Strict):
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "thinking": False,
+    "thinking_override": False,
+    "compat": list(ALL_FIXES),
     "max_tokens": 8192,
     "min_max_tokens": 1024,
     "policy": "round_robin",
@@ -168,7 +194,11 @@ class Preset:
     served_model: str
     aliases: tuple[str, ...]
     vision: bool
+    embeddings: bool
+    rerank: bool
     thinking: bool
+    thinking_override: bool
+    compat: frozenset[str]
     max_tokens: int
     min_max_tokens: int
     policy: Policy
@@ -196,6 +226,43 @@ class Table:
     health: Health
     source: str = "<memory>"
     _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
+    _patterns: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (casefolded glob, preset)
+
+    def lookup(self, model: str) -> tuple[str, RouteReason] | None:
+        """Exact names first, then alias patterns in table order; `[1m]`-style suffixes and
+        provider prefixes are understood when the name as sent matches nothing."""
+        for name in self._spellings(model):
+            hit = self._names.get(name) or self._names.get(name.casefold())
+            if hit is not None:
+                return hit
+        for name in self._spellings(model):
+            folded = name.casefold()
+            for pattern, preset in self._patterns:
+                if fnmatchcase(folded, pattern):
+                    return preset, "pattern"
+        return None
+
+    @staticmethod
+    def _spellings(model: str) -> list[str]:
+        names = [model]
+        bare = _MODE_SUFFIX.sub("", model)
+        if bare != model:
+            names.append(bare)
+        for name in list(names):
+            for prefix in PROVIDER_PREFIXES:
+                if name.casefold().startswith(prefix):
+                    names.append(name[len(prefix) :])
+        return names
+
+    def pattern_overlaps(self) -> list[str]:
+        """Patterns that an earlier pattern already covers for some name: `check` reports them."""
+        found = []
+        for i, (later, later_preset) in enumerate(self._patterns):
+            probe = later.replace("*", "x").replace("?", "x")
+            for earlier, earlier_preset in self._patterns[:i]:
+                if fnmatchcase(probe, earlier) and earlier_preset != later_preset:
+                    found.append(f"'{later}' ({later_preset}) is shadowed by '{earlier}' ({earlier_preset})")
+        return found
 
     def model_names(self) -> list[str]:
         return sorted(self._names_exact())
@@ -206,7 +273,7 @@ class Table:
     def resolve(self, model: str | None, task: str | None, has_images: bool) -> Route:
         """Model name or alias, else task, else the default; then images may move it to vision."""
         if model is not None and model != "auto":
-            hit = self._names.get(model) or self._names.get(model.casefold())
+            hit = self.lookup(model)
             if hit is None:
                 raise ModelNotFound(
                     f"The model '{model[:64]}' is not served here. Valid: {', '.join(self.model_names())}",
@@ -268,11 +335,15 @@ def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
         raise TableError(f"{source}: " + "; ".join(problems))
     presets = {name: _resolve_preset(name, spec.defaults, each) for name, each in spec.presets.items()}
     names: dict[str, tuple[str, RouteReason]] = {}
+    patterns: list[tuple[str, str]] = []
     served: dict[str, list[str]] = {}
     for preset in presets.values():
         names[preset.name] = names[preset.name.casefold()] = (preset.name, "model")
         for alias in preset.aliases:
-            names[alias] = names[alias.casefold()] = (preset.name, "alias")
+            if _GLOB.search(alias):
+                patterns.append((alias.casefold(), preset.name))
+            else:
+                names[alias] = names[alias.casefold()] = (preset.name, "alias")
         served.setdefault(preset.served_model, []).append(preset.name)
     # A client may name the model the replicas serve; only when that name is unambiguous.
     for served_name, owners in served.items():
@@ -286,6 +357,7 @@ def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
         health=spec.health,
         source=source,
         _names=names,
+        _patterns=tuple(patterns),
     )
 
 
@@ -311,7 +383,11 @@ def _resolve_preset(name: str, defaults: _Inherited, spec: PresetSpec) -> Preset
         served_model=spec.served_model,
         aliases=tuple(spec.aliases),
         vision=spec.vision,
+        embeddings=spec.embeddings,
+        rerank=spec.rerank,
         thinking=pick("thinking"),
+        thinking_override=pick("thinking_override"),
+        compat=frozenset(pick("compat")),
         max_tokens=pick("max_tokens"),
         min_max_tokens=pick("min_max_tokens"),
         policy=pick("policy"),

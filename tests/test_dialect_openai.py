@@ -1,11 +1,13 @@
 import pytest
 
 from gateway.dialects.answer import Answer
+from gateway.dialects.openai import OPENAI
 
 
 def test_vllm_usage_with_prompt_details() -> None:
     answer = Answer()
-    answer.read_message(
+    OPENAI.read_whole(
+        answer,
         {
             "choices": [{"message": {"content": "hi", "reasoning": None}, "finish_reason": "stop"}],
             "usage": {
@@ -13,7 +15,7 @@ def test_vllm_usage_with_prompt_details() -> None:
                 "completion_tokens": 2,
                 "prompt_tokens_details": {"cached_tokens": 8},
             },
-        }
+        },
     )
     assert (answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens) == (10, 2, 8)
     assert answer.content_seen and not answer.thinking_trap
@@ -21,7 +23,7 @@ def test_vllm_usage_with_prompt_details() -> None:
 
 def test_llamacpp_timings_give_cached_tokens_when_usage_has_none() -> None:
     answer = Answer()
-    answer.read_message({"choices": [], "usage": {"prompt_tokens": 5}, "timings": {"cache_n": 3}})
+    OPENAI.read_whole(answer, {"choices": [], "usage": {"prompt_tokens": 5}, "timings": {"cache_n": 3}})
     assert answer.cached_tokens == 3
 
 
@@ -38,23 +40,24 @@ def test_llamacpp_timings_give_cached_tokens_when_usage_has_none() -> None:
 )
 def test_thinking_trap(message: dict[str, object], finish: str, trap: bool) -> None:
     answer = Answer()
-    answer.read_message({"choices": [{"message": message, "finish_reason": finish}]})
+    OPENAI.read_whole(answer, {"choices": [{"message": message, "finish_reason": finish}]})
     assert answer.thinking_trap is trap
 
 
 def test_reasoning_tokens_alone_count_for_the_trap() -> None:
     answer = Answer()
-    answer.read_message(
+    OPENAI.read_whole(
+        answer,
         {
             "choices": [{"message": {"content": ""}, "finish_reason": "length"}],
             "usage": {"completion_tokens": 200, "completion_tokens_details": {"reasoning_tokens": 200}},
-        }
+        },
     )
     assert answer.thinking_trap
 
 
 def test_garbage_is_ignored() -> None:
     answer = Answer()
-    answer.read_message({"choices": "x", "usage": {"prompt_tokens": "many"}})
-    answer.read_chunk({"choices": [1, {"delta": "x"}]})
+    OPENAI.read_whole(answer, {"choices": "x", "usage": {"prompt_tokens": "many"}})
+    OPENAI.read_event(answer, {"choices": [1, {"delta": "x"}]})
     assert answer.prompt_tokens is None and not answer.content_seen

@@ -1,0 +1,211 @@
+"""The Anthropic Messages API (`/v1/messages`): what Claude Code and the Anthropic SDKs speak.
+
+Both engines serve it natively (docs/engines.md §10). Differences from the OpenAI shapes that the
+gateway must honour: errors are `{"type": "error", "error": {"type", "message"}}` and a stream
+fails with an `event: error`; the stream has no `[DONE]`; `max_tokens` is required; usage is split
+over `message_start` and `message_delta`, and `input_tokens` there excludes the cached tokens
+(`cache_read_input_tokens`), which the record adds back so every dialect counts alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from gateway.dialects.answer import Answer, as_int, as_str
+from gateway.dialects.base import Dialect, Note
+from gateway.dialects.openai import (
+    any_image_part,
+    client_chose_thinking,
+    fix_thinking_kwarg,
+    template_thinking_off,
+)
+from gateway.errors import BadRequest
+
+# The error types Anthropic's SDKs map to their exception classes, by HTTP status.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+# Fields only Anthropic's own service understands; a local engine renders nothing from them.
+ANTHROPIC_ONLY = ("context_management", "mcp_servers", "container")
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+class AnthropicDialect(Dialect):
+    name = "anthropic"
+    markers = (b'"usage"', b'"stop_reason":"')
+    content = re.compile(rb'"text_delta"|"type":\s*"tool_use"|"input_json_delta"')
+    reasoning = re.compile(rb'"thinking_delta"|"type":\s*"thinking"')
+    token_keys = ("max_tokens",)
+
+    def error_body(self, status: int, type_: str, message: str, code: str | int, param: str | None) -> bytes:
+        return orjson.dumps({"type": "error", "error": {"type": error_type(status), "message": message}})
+
+    def stream_error(self, message: str, code: str) -> bytes:
+        payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(error, dict):
+            message = error.get("message")
+            code = error.get("code")
+            return (
+                message if isinstance(message, str) else "",
+                as_str(error.get("type"), None),
+                code if isinstance(code, str | int) and not isinstance(code, bool) else None,
+                as_str(error.get("param"), None),
+            )
+        return "", None, None, None
+
+    # --- answers --------------------------------------------------------------------------------
+    def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
+        _usage(answer, payload.get("usage"))
+        _stop(answer, payload.get("stop_reason"))
+        content = payload.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict):
+                    _block(answer, block)
+
+    def read_event(self, answer: Answer, payload: dict[str, Any]) -> None:
+        kind = payload.get("type")
+        if kind == "message_start":
+            message = payload.get("message")
+            if isinstance(message, dict):
+                _usage(answer, message.get("usage"))
+        elif kind == "message_delta":
+            _usage(answer, payload.get("usage"))
+            delta = payload.get("delta")
+            if isinstance(delta, dict):
+                _stop(answer, delta.get("stop_reason"))
+
+    # --- requests -------------------------------------------------------------------------------
+    def check(self, body: dict[str, Any], endpoint: str) -> None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array", param="messages")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise BadRequest("'system' must be a string or an array of text blocks", param="system")
+        thinking = body.get("thinking")
+        if thinking is not None and not isinstance(thinking, dict):
+            raise BadRequest("'thinking' must be an object", param="thinking")
+
+    def has_images(self, body: dict[str, Any]) -> bool:
+        return any_image_part(body.get("messages"), "content")
+
+    def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
+        fixed = fix_thinking_kwarg(body)
+        if fixed:
+            return fixed
+        thinking = body.get("thinking")
+        # Claude Code sends `thinking: {type: adaptive}` on every call ("think if it helps"): that
+        # is no choice of the client's, so the preset decides. On a local thinking model it
+        # would cost 100-800 tokens before each answer.
+        adaptive = isinstance(thinking, dict) and thinking.get("type") == "adaptive"
+        keys = () if adaptive else ("thinking",)
+        if on or (not override and client_chose_thinking(body, keys)):
+            return []
+        notes: list[Note] = []
+        if thinking is not None:
+            body["thinking"] = {"type": "disabled"}
+            notes.append(("thinking_overridden", "thinking=disabled"))
+        return notes + template_thinking_off(body)
+
+    def fixes(self, body: dict[str, Any], wanted: frozenset[str]) -> list[Note]:
+        notes: list[Note] = []
+        if "billing_header" in wanted:
+            notes += billing_header(body)
+        if "system_in_turns" in wanted:
+            notes += system_in_turns(body)
+        if "anthropic_only_fields" in wanted:
+            dropped = [name for name in ANTHROPIC_ONLY if body.pop(name, None) is not None]
+            if dropped:
+                notes.append(("anthropic_only_fields", "dropped=" + "+".join(dropped)))
+        return notes
+
+
+BILLING_PREFIX = "x-anthropic-billing-header:"
+
+
+def billing_header(body: dict[str, Any]) -> list[Note]:
+    """Claude Code opens its system prompt with a billing line for Anthropic's service
+    (`x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=cli;`, some versions with
+    a per-request `cch=`); its suffix changes with the prompt, so at the very start of the prompt
+    it makes every session's prefix differ from the first byte. A local model has no use for it:
+    the block is removed, and the rest of the system prompt keeps its bytes."""
+    system = body.get("system")
+    if isinstance(system, str) and system.startswith(BILLING_PREFIX):
+        _, _, rest = system.partition("\n")
+        body["system"] = rest.lstrip("\n")
+        return [("billing_header", "billing_header=removed")]
+    if not isinstance(system, list):
+        return []
+    kept = [
+        block
+        for block in system
+        if not (isinstance(block, dict) and str(block.get("text", "")).startswith(BILLING_PREFIX))
+    ]
+    if len(kept) == len(system):
+        return []
+    body["system"] = kept
+    return [("billing_header", "billing_header=removed")]
+
+
+def system_in_turns(body: dict[str, Any]) -> list[Note]:
+    """Claude Code puts `system`-role messages after the first user turn (reminders); Qwen3's chat
+    template raises "System message must be at the beginning" on them. Each becomes a user turn
+    in place: the bytes before it stay as sent, so the prefix cache still covers them."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    moved = 0
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "system":
+            messages[index] = {**message, "role": "user"}
+            moved += 1
+    return [("system_in_turns", f"system_in_turns={moved}")] if moved else []
+
+
+def _usage(answer: Answer, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    fresh = as_int(usage.get("input_tokens"), None)
+    read = as_int(usage.get("cache_read_input_tokens"), None)
+    created = as_int(usage.get("cache_creation_input_tokens"), None)
+    if fresh is not None:
+        answer.prompt_tokens = fresh + (read or 0) + (created or 0)
+    if read is not None:
+        answer.cached_tokens = read
+    answer.completion_tokens = as_int(usage.get("output_tokens"), answer.completion_tokens)
+
+
+def _stop(answer: Answer, reason: Any) -> None:
+    if isinstance(reason, str):
+        answer.finish_reason = "length" if reason == "max_tokens" else reason
+
+
+def _block(answer: Answer, block: dict[str, Any]) -> None:
+    kind = block.get("type")
+    if (kind == "text" and block.get("text")) or kind == "tool_use":
+        answer.content_seen = True
+    elif kind in ("thinking", "redacted_thinking"):
+        answer.reasoning_seen = True
+
+
+ANTHROPIC = AnthropicDialect()

@@ -1,0 +1,175 @@
+"""The OpenAI Responses API (`/v1/responses`): the only wire format current Codex speaks.
+
+Errors keep the OpenAI envelope; a stream is typed events (`event: response.output_text.delta`
+...) that end with `response.completed` (or `.incomplete`, `.failed`) carrying the whole response
+and its usage, with no `[DONE]`. `usage.input_tokens` includes the cached tokens
+(`input_tokens_details.cached_tokens`). A budget cut shows as `status: "incomplete"` with
+`incomplete_details.reason: "max_output_tokens"` (llama-server) or on the message item (vLLM).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from gateway.dialects.answer import Answer, as_int, as_str
+from gateway.dialects.base import Dialect, Note
+from gateway.dialects.openai import (
+    any_image_part,
+    client_chose_thinking,
+    fix_thinking_kwarg,
+    openai_error,
+    read_openai_error,
+    template_thinking_off,
+)
+from gateway.errors import BadRequest
+
+_FINAL = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b'"response.created"')
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    markers = _FINAL
+    content = re.compile(rb'"response\.output_text\.delta"|"type":\s*"function_call"')
+    reasoning = re.compile(rb'"response\.reasoning')
+    token_keys = ("max_output_tokens",)
+
+    def error_body(self, status: int, type_: str, message: str, code: str | int, param: str | None) -> bytes:
+        return openai_error(message, type_, code, param)
+
+    def stream_error(self, message: str, code: str) -> bytes:
+        payload = {"type": "error", "code": code, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
+        return read_openai_error(payload)
+
+    # --- answers --------------------------------------------------------------------------------
+    def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
+        answer.response_id = as_str(payload.get("id"), answer.response_id)
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            answer.prompt_tokens = as_int(usage.get("input_tokens"), answer.prompt_tokens)
+            answer.completion_tokens = as_int(usage.get("output_tokens"), answer.completion_tokens)
+            details = usage.get("input_tokens_details")
+            if isinstance(details, dict):
+                answer.cached_tokens = as_int(details.get("cached_tokens"), answer.cached_tokens)
+            out = usage.get("output_tokens_details")
+            if isinstance(out, dict):
+                answer.reasoning_tokens = as_int(out.get("reasoning_tokens"), answer.reasoning_tokens)
+        status = payload.get("status")
+        incomplete = payload.get("incomplete_details")
+        reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
+        if reason == "max_output_tokens":
+            answer.finish_reason = "length"
+        elif isinstance(status, str) and status != "in_progress":
+            answer.finish_reason = "stop" if status == "completed" else status
+        output = payload.get("output")
+        if isinstance(output, list):
+            for item in output:
+                if isinstance(item, dict):
+                    _item(answer, item)
+
+    def read_event(self, answer: Answer, payload: dict[str, Any]) -> None:
+        response = payload.get("response")
+        if isinstance(response, dict):
+            self.read_whole(answer, response)
+
+    # --- requests -------------------------------------------------------------------------------
+    def check(self, body: dict[str, Any], endpoint: str) -> None:
+        given = body.get("input")
+        if not isinstance(given, str | list) or not given:
+            raise BadRequest("'input' must be a non-empty string or array", param="input")
+        reasoning = body.get("reasoning")
+        if reasoning is not None and not isinstance(reasoning, dict):
+            raise BadRequest("'reasoning' must be an object", param="reasoning")
+
+    def has_images(self, body: dict[str, Any]) -> bool:
+        return any_image_part(body.get("input"), "content")
+
+    def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
+        fixed = fix_thinking_kwarg(body)
+        if fixed:
+            return fixed
+        reasoning = body.get("reasoning")
+        chose = isinstance(reasoning, dict) and "effort" in reasoning
+        if on or (not override and (chose or client_chose_thinking(body, ()))):
+            return []
+        notes: list[Note] = []
+        if chose:
+            body["reasoning"] = {**reasoning, "effort": "none"}  # type: ignore[dict-item]
+            notes.append(("thinking_overridden", "reasoning.effort=none"))
+        return notes + template_thinking_off(body)
+
+    def fixes(self, body: dict[str, Any], wanted: frozenset[str]) -> list[Note]:
+        notes: list[Note] = []
+        if "codex_lite" in wanted:
+            notes += codex_lite(body)
+        if "unknown_tool_types" in wanted:
+            notes += unknown_tool_types(body)
+        return notes
+
+
+def codex_lite(body: dict[str, Any]) -> list[Note]:
+    """Codex's lighter request form carries its tools in an `additional_tools` input item, which
+    llama-server rejects ("Cannot determine type of 'item'"): the tools go where every engine
+    reads them. Only the item moves; the other input items keep their bytes and order."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    tools: list[Any] = []
+    kept = []
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            extra = item.get("tools")
+            tools.extend(extra if isinstance(extra, list) else [])
+        else:
+            kept.append(item)
+    if len(kept) == len(items):
+        return []
+    body["input"] = kept
+    existing = body.get("tools")
+    body["tools"] = [*(existing if isinstance(existing, list) else []), *tools]
+    return [("codex_lite", f"additional_tools={len(tools)}")]
+
+
+def unknown_tool_types(body: dict[str, Any]) -> list[Note]:
+    """Tool types only OpenAI's service runs (`web_search`, hosted tools) have no meaning on a
+    local engine; a `namespace` groups function tools, which are lifted out in its place."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    out: list[Any] = []
+    dropped = 0
+    for tool in tools:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function" or kind is None:
+            out.append(tool)
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            out.extend(t for t in tool["tools"] if isinstance(t, dict) and t.get("type") == "function")
+            dropped += 1
+        else:
+            dropped += 1
+    if not dropped:
+        return []
+    body["tools"] = out
+    return [("unknown_tool_types", f"tools_dropped={dropped}")]
+
+
+def _item(answer: Answer, item: dict[str, Any]) -> None:
+    kind = item.get("type")
+    if kind == "function_call":
+        answer.content_seen = True
+    elif kind == "reasoning":
+        answer.reasoning_seen = True
+    elif kind == "message":
+        content = item.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"] for part in content
+        ):
+            answer.content_seen = True
+
+
+RESPONSES = ResponsesDialect()
