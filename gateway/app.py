@@ -156,7 +156,7 @@ def create_app(gateway: Gateway) -> Any:
     app.router.redirect_slashes = False
     settings = gateway.settings
     record, clock = gateway.record, gateway.clock
-    dispatch = Dispatch(gateway.proxy.handle, app, record, clock)
+    dispatch = Dispatch(gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock)
     authorised = KeyAuth(dispatch, settings.keys(), record, clock)
     return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count, record, clock)
 

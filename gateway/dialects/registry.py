@@ -48,6 +48,7 @@ class Endpoint:
     forward: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # other paths the engines accept for the same thing
     check: Callable[[dict[str, Any]], None] | None = None  # instead of the dialect's own check
+    stores: bool = False  # its answers may be stored on the replica (Responses): remember where
 
     def validate(self, body: dict[str, Any]) -> None:
         if self.check is not None:
@@ -74,7 +75,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         streams=False,
         forward=ANTHROPIC_HEADERS,
     ),
-    Endpoint("responses", "/v1/responses", RESPONSES, _same("/v1/responses")),
+    Endpoint("responses", "/v1/responses", RESPONSES, _same("/v1/responses"), stores=True),
     Endpoint(
         "embeddings",
         "/v1/embeddings",
@@ -125,6 +126,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
 )
 
+# `GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: no body, and always the
+# replica that holds the response. Its upstream path is the client's path as it came.
+STORED = Endpoint(
+    "responses_stored",
+    STORED_PREFIX := "/v1/responses/",
+    RESPONSES,
+    # llama-server keeps no responses (404); vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1.
+    _same("/v1/responses/", ("vllm",)),
+    budget=False,
+    thinks=False,
+    streams=False,
+    check=lambda body: None,
+)
+
 _BY_PATH: dict[str, Endpoint] = {}
 for _endpoint in ENDPOINTS:
     for _path in (_endpoint.path, *_endpoint.aliases):
@@ -136,6 +151,18 @@ def for_path(path: str) -> Endpoint | None:
     return _BY_PATH.get(path)
 
 
+def stored_id(path: str) -> tuple[str, bool] | None:
+    """(response id, is a cancel) for a path about one stored response, else None."""
+    if not path.startswith(STORED_PREFIX):
+        return None
+    rest = path[len(STORED_PREFIX) :]
+    cancel = rest.endswith("/cancel")
+    rid = rest[: -len("/cancel")] if cancel else rest
+    if not rid or "/" in rid:
+        return None
+    return rid, cancel
+
+
 def dialect_for(path: str) -> Dialect:
     """The dialect a client at `path` expects its errors in (OpenAI's for any other path).
 
@@ -144,4 +171,4 @@ def dialect_for(path: str) -> Dialect:
     endpoint = _BY_PATH.get(path)
     if endpoint is not None:
         return endpoint.dialect
-    return RESPONSES if path.startswith("/v1/responses/") else OPENAI
+    return RESPONSES if path.startswith(STORED_PREFIX) else OPENAI

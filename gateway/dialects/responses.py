@@ -107,6 +107,8 @@ class ResponsesDialect(Dialect):
         notes: list[Note] = []
         if "codex_lite" in wanted:
             notes += codex_lite(body)
+        if "system_in_turns" in wanted:
+            notes += system_items_in_turns(body)
         if "unknown_tool_types" in wanted:
             notes += unknown_tool_types(body)
         return notes
@@ -133,6 +135,29 @@ def codex_lite(body: dict[str, Any]) -> list[Note]:
     existing = body.get("tools")
     body["tools"] = [*(existing if isinstance(existing, list) else []), *tools]
     return [("codex_lite", f"additional_tools={len(tools)}")]
+
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def system_items_in_turns(body: dict[str, Any]) -> list[Note]:
+    """llama-server renders `developer` as `system`; a Qwen3-style template raises "System message
+    must be at the beginning" on any that is not first (after `instructions`, or after a user
+    turn). Each such item becomes a user item in place; the leading ones keep their bytes."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    leading = not body.get("instructions")
+    moved = 0
+    for index, item in enumerate(items):
+        role = item.get("role") if isinstance(item, dict) else None
+        if role in _SYSTEM_ROLES and leading:
+            continue
+        leading = False
+        if role in _SYSTEM_ROLES:
+            items[index] = {**item, "role": "user"}
+            moved += 1
+    return [("system_in_turns", f"system_in_turns={moved}")] if moved else []
 
 
 def unknown_tool_types(body: dict[str, Any]) -> list[Note]:

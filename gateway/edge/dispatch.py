@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.dialects.registry import Endpoint, for_path
+from gateway.dialects.registry import Endpoint, for_path, stored_id
 from gateway.edge.reject import Recorder, reject
 from gateway.errors import GatewayError
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 Handler = Callable[[Endpoint, Scope, Receive, Send], Awaitable[None]]
+StoredHandler = Callable[[str, Scope, Receive, Send], Awaitable[None]]
 
 
 class MethodNotAllowed(GatewayError):
@@ -28,11 +29,13 @@ class Dispatch:
     def __init__(
         self,
         handle: Handler,
+        stored: StoredHandler,
         fallback: ASGIApp,
         record: Recorder | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.handle = handle
+        self.stored = stored
         self.fallback = fallback
         self.record = record
         self.clock = clock
@@ -47,6 +50,18 @@ class Dispatch:
                     error = MethodNotAllowed(
                         f"Method {scope['method']} is not allowed on {endpoint.path}; use POST",
                         headers={"allow": "POST"},
+                    )
+                    await reject(scope, send, error, self.record, self.clock())
+                return
+            about = stored_id(scope["path"])
+            if about is not None:
+                allowed = ("POST",) if about[1] else ("GET", "DELETE")
+                if scope["method"] in allowed:
+                    await self.stored(about[0], scope, receive, send)
+                else:
+                    error = MethodNotAllowed(
+                        f"Method {scope['method']} is not allowed here; use {' or '.join(allowed)}",
+                        headers={"allow": ", ".join(allowed)},
                     )
                     await reject(scope, send, error, self.record, self.clock())
                 return

@@ -82,6 +82,8 @@ class Attempt:
     blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
     forward: list[tuple[str, str]] = field(default_factory=list)  # client headers the endpoint reads
     pinned: str | None = None  # the one replica that holds what this request refers to
+    method: str = "POST"
+    path: str | None = None  # the upstream path when it is the client's own (a stored response)
 
     def unfit(self) -> list[str]:
         """Replicas this request must never reach: an engine without the endpoint, or any
@@ -192,10 +194,11 @@ class Dispatcher:
         ex.upstream_sent = ex.upstream_sent or self.clock()
         try:
             response = await self.client.send(
-                replica.url + attempt.endpoint.upstream[replica.engine],
-                upstream_headers(ex, replica, attempt.forward),
+                replica.url + (attempt.path or attempt.endpoint.upstream[replica.engine]),
+                upstream_headers(ex, replica, attempt.forward, with_body=bool(data)),
                 data,
                 _timeouts(pool, ex.stream),
+                attempt.method,
             )
         except UpstreamError as error:
             pool.release(replica)
@@ -237,6 +240,8 @@ class Dispatcher:
 
     async def _encode(self, attempt: Attempt, context: int | None) -> bytes:
         """Serialise once per distinct context cap; large bodies on a thread."""
+        if attempt.method != "POST" or attempt.path is not None:
+            return b""
         if context not in attempt.encoded:
             capped, note = cap_to_context(attempt.body, context, attempt.endpoint)
             if attempt.size > self.offload_bytes:
@@ -255,12 +260,14 @@ def _serialise(body: dict[str, Any], blobs: Blobs) -> bytes:
 
 
 def upstream_headers(
-    ex: Exchange, replica: Replica, forward: list[tuple[str, str]] | None = None
+    ex: Exchange, replica: Replica, forward: list[tuple[str, str]] | None = None, with_body: bool = True
 ) -> list[tuple[str, str]]:
     # Of the client's headers only those its endpoint's engines read are forwarded (the Anthropic
     # version and betas): not its credentials, not hop-by-hop or proxy headers, not a forged
     # X-Forwarded-For. The replica sees the gateway's own set otherwise.
-    headers = [("content-type", "application/json"), ("x-request-id", ex.request_id), *(forward or ())]
+    headers = [("x-request-id", ex.request_id), *(forward or ())]
+    if with_body:
+        headers.insert(0, ("content-type", "application/json"))
     if ex.client:
         headers.append(("x-forwarded-for", ex.client))
     key = replica.api_key()

@@ -25,17 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.answer import TRAP_WARNING
-from gateway.dialects.registry import Endpoint
+from gateway.dialects.registry import STORED, Endpoint
 from gateway.errors import (
     BadRequest,
     GatewayBug,
     GatewayError,
     GatewayTimeout,
+    NotFound,
     NoUpstream,
     UpstreamFailure,
     UpstreamServerError,
 )
 from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway.fleet.stored import StoredResponses
 from gateway.ops.exchange import Exchange
 from gateway.pipeline import prefix
 from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
@@ -91,20 +93,24 @@ class Proxy:
         self._background: set[asyncio.Future[None]] = set()
         self.volatile = prefix.VolatileCache()
         self.churn = prefix.ChurnTracker()
+        self.stored = StoredResponses()
         # Request ids: random per process, then a counter; cheaper than a uuid per request.
         self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
-    async def handle(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    def _exchange(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Exchange:
         given_id = headers.get("x-request-id")
         client = scope.get("client")
-        ex = Exchange(
+        return Exchange(
             request_id=given_id if given_id and _REQUEST_ID.match(given_id) else next(self._ids),
             endpoint=endpoint.name,
             started=self.ctx.clock(),
             client=client[0] if client else "",
             client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
         )
+
+    async def handle(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        ex = self._exchange(endpoint, scope, headers)
         self.budget.active += 1
         try:
             await self._handle(endpoint, headers, ex, receive, send)
@@ -140,7 +146,7 @@ class Proxy:
         watch = _Watch()
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, watch))
         try:
-            await self._serve(endpoint, headers, raw, ex, send)
+            await self._serve(endpoint, ex, send, self._steps(endpoint, headers, raw, ex, send))
         except asyncio.CancelledError:
             if not watch.client_left:
                 # The server is stopping and the drain period is over: say so rather than go silent.
@@ -154,10 +160,11 @@ class Proxy:
             watcher.cancel()
 
     async def _serve(
-        self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
+        self, endpoint: Endpoint, ex: Exchange, send: Send, steps: Coroutine[Any, Any, None]
     ) -> None:
+        """Runs the steps; a failure before the response headers becomes the gateway's own reply."""
         try:
-            await self._steps(endpoint, headers, raw, ex, send)
+            await steps
         except GatewayError as error:
             if ex.headers_sent:
                 raise
@@ -201,8 +208,53 @@ class Proxy:
             key=key,
             blobs=blobs,
             forward=[(name, headers[name]) for name in endpoint.forward if name in headers],
+            pinned=self._pinned(body, preset),
         )
         await self._send_and_relay(attempt, plan, send)
+
+    def _pinned(self, body: dict[str, Any], preset: Preset) -> str | None:
+        """A request that continues a stored response goes to the replica that holds it."""
+        previous = body.get("previous_response_id")
+        where = self.stored.find(previous) if isinstance(previous, str) else None
+        return where[1] if where is not None and where[0] == preset.name else None
+
+    async def handle_stored(self, response_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """`GET`/`DELETE /v1/responses/{id}`, `POST .../cancel`: no routing, no rewriting; the
+        replica that produced the response answers, or the gateway says it knows no such id."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        ex = self._exchange(STORED, scope, headers)
+        self.budget.active += 1
+        try:
+            where = self.stored.find(response_id)
+            fleet = self.ctx.fleet()
+            pool = fleet.pools.get(where[0]) if where is not None else None
+            if where is None or pool is None or pool.get(where[1]) is None:
+                ex.outcome = "rejected"
+                error = NotFound(
+                    "No stored response with this id is known to the gateway", code="response_not_found"
+                )
+                await relay.send_error(send, ex, error, STORED.dialect)
+                return
+            ex.preset, ex.route = pool.preset.name, "stored"
+            attempt = Attempt(
+                ex,
+                pool,
+                STORED,
+                {},
+                0,
+                self.ctx.clock() + pool.preset.timeouts.read,
+                pinned=where[1],
+                method=scope["method"],
+                path=scope["path"],
+            )
+            await self._serve(STORED, ex, send, self._send_and_relay(attempt, Plan(False, False), send))
+            if scope["method"] == "DELETE" and ex.status == 200:
+                self.stored.forget(response_id)
+        finally:
+            self.budget.active -= 1
+            if ex.finished is None:
+                ex.finished = self.ctx.clock()
+            self.ctx.record(ex)
 
     async def _parse(self, raw: bytes | bytearray) -> tuple[dict[str, Any], Blobs]:
         settings = self.ctx.settings
@@ -297,6 +349,8 @@ class Proxy:
             detach = not preset.abort_on_disconnect and not _past(loop_deadline)
             raise
         finally:
+            if endpoint.stores and ex.answer.response_id:
+                self.stored.remember(ex.answer.response_id, preset.name, replica.name)
             if ex.answer.prompt_tokens:
                 replica.prompt_tokens += ex.answer.prompt_tokens
                 replica.cached_tokens += ex.answer.cached_tokens or 0

@@ -73,8 +73,11 @@ class UpstreamResponse(Protocol):
 
 class UpstreamClient(Protocol):
     async def send(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
-    ) -> UpstreamResponse: ...
+        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
+    ) -> UpstreamResponse:
+        """One request; POST unless told (a stored Responses answer is read with GET, removed
+        with DELETE)."""
+        ...
 
     async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
         """A small GET for probes; raises UpstreamError subclasses on failure."""

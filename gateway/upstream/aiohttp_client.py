@@ -134,7 +134,7 @@ class AiohttpClient:
         return self._session
 
     async def send(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
+        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
     ) -> _Response:
         timeout = self._timeouts.get((timeouts.connect, timeouts.idle))
         if timeout is None:
@@ -143,7 +143,7 @@ class AiohttpClient:
             )
             self._timeouts[(timeouts.connect, timeouts.idle)] = timeout
         request = self._get_session().request(
-            "POST", url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            method, url, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )
         with _before_headers():
             if timeouts.first_byte is None:

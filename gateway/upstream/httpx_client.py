@@ -92,11 +92,11 @@ class HttpxClient:
         return self._client
 
     async def send(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
+        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
     ) -> _Response:
         client = self._get_client()
         timeout = httpx2.Timeout(connect=timeouts.connect, read=timeouts.idle, write=timeouts.idle, pool=None)
-        request = client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
+        request = client.build_request(method, url, content=body, headers=headers, timeout=timeout)
         with _before_headers():
             async with asyncio.timeout(timeouts.first_byte):
                 response = await client.send(request, stream=True)

@@ -294,11 +294,11 @@ class LeanClient:
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def send(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts
+        self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
     ) -> _Response:
         loop = asyncio.get_running_loop()
         deadline = None if timeouts.first_byte is None else loop.time() + timeouts.first_byte
-        conn, reusable = await self._exchange(loop, "POST", url, headers, body, timeouts.connect, deadline)
+        conn, reusable = await self._exchange(loop, method, url, headers, body, timeouts.connect, deadline)
         return _Response(self, conn, reusable, timeouts.idle, None)
 
     async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
