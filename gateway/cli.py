@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=18000, help="gateway port (default 18000)")
     demo.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
 
+    connect = commands.add_parser("connect", help="print the configuration that points an agent here")
+    connect.add_argument("agent", choices=("claude", "codex", "opencode", "aider", "continue"))
+    connect.add_argument("--url", default="http://127.0.0.1:18000", help="the gateway (default local)")
+    connect.add_argument("--key", help="a gateway key, to read its model catalogue")
+    connect.add_argument("--routes", type=Path, help="routing table (default: as for serve)")
+
     bench = commands.add_parser(
         "bench", help="measure each preset: decode rate, TTFT cold and cached, parallel, tools, images"
     )
@@ -84,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = (("routes", args.routes), ("host", args.host), ("port", args.port), ("wait_ready", args.wait))
         overrides = {k: v for k, v in pairs if v}
         return serve_command(settings.model_copy(update=overrides))
+    if args.command == "connect":
+        return connect_command(args.agent, args.url, args.key, args.routes or settings.routes)
     if args.command == "check":
         return check_command(args.path or settings.routes, probe=args.probe)
     from gateway.tools.demo import run_demo
@@ -108,6 +116,33 @@ def serve_command(settings: Settings) -> int:
         print(f"fleet-gateway: {exc}", file=sys.stderr)
         return 2
     run_loop(run(gateway, create_app(gateway)))
+    return 0
+
+
+def connect_command(agent: str, url: str, key: str | None, routes: Path) -> int:
+    import orjson
+
+    from gateway.tools import connect
+
+    try:
+        table: Table | None = load_table(routes)
+    except TableError:
+        table = None
+    presets = connect.from_table(table) if table is not None else []
+    # A running gateway knows the replicas' context lengths; its catalogue wins where it answers.
+    try:
+        import urllib.request
+
+        request = urllib.request.Request(url.rstrip("/") + "/v1/models")  # noqa: S310 - the user's own URL
+        if key:
+            request.add_header("authorization", f"Bearer {key}")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(request, timeout=3) as answer:
+            cards = orjson.loads(answer.read()).get("data", [])
+        presets = connect.from_catalogue(cards) or presets
+    except (OSError, ValueError):
+        pass
+    print(connect.render(agent, url, presets, table))
     return 0
 
 

@@ -42,6 +42,14 @@ class Metrics:
             ["preset", "replica", "engine", "status", "route"],
             registry=registry,
         )
+        # By endpoint, every request the gateway answered, those the edge turned away included
+        # (401, 404, 405, 431): which wire formats are used, and which agents call what it lacks.
+        self.endpoints = Counter(
+            "gateway_endpoint_requests",
+            "Requests answered, by endpoint (wire format) and status class.",
+            ["endpoint", "status"],
+            registry=registry,
+        )
         self.duration = Histogram(
             "gateway_request_duration_seconds",
             "From the request's arrival to the last byte sent.",
@@ -144,6 +152,7 @@ class Metrics:
         self._child(
             self.requests, preset, replica, ex.engine or "none", ex.status_class, ex.route or "none"
         ).inc()
+        self._child(self.endpoints, ex.endpoint, ex.status_class).inc()
         if ex.finished is not None:
             self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
         if ex.upstream_sent is not None:

@@ -51,7 +51,7 @@ health: {{interval: 2, timeout: 1}}
 presets:
   dense:
     served_model: Qwen3.6-27B-AWQ
-    aliases: [qwen3.6-27b, coder]
+    aliases: [qwen3.6-27b, coder, "claude-*opus*", "claude-*sonnet*", "gpt-5*codex*"]
     max_tokens: 32768
     params: {{temperature: 0.6}}
     policy: prefix_affinity
@@ -59,7 +59,7 @@ presets:
     replicas: {dense}
   moe:
     served_model: Qwen3.6-35B-A3B-AWQ
-    aliases: [qwen3.6-moe, bulk]
+    aliases: [qwen3.6-moe, bulk, "claude-*haiku*", "gpt-*"]
     replicas: {moe}
   vision:
     served_model: Qwen3-VL-8B-Instruct

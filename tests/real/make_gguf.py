@@ -27,7 +27,7 @@ N_FF = 128
 RMS_EPS = 1e-5
 # llama-server caps each slot at the training context, and the gateway tests send prompts of
 # several thousand tokens (4096 refused a 5k-token prompt).
-CONTEXT_LENGTH = 16384
+CONTEXT_LENGTH = 65536
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 BOS_TOKEN = "<|endoftext|>"
