@@ -1,4 +1,6 @@
-"""A stand-in for vLLM and llama-server replicas that speaks both dialects (see BACKENDS.md).
+"""A stand-in for vLLM and llama-server replicas that speaks both dialects.
+
+docs/engines.md records what each engine does.
 
 Used by the gateway's demo, tests and benchmarks instead of GPU replicas.
 """

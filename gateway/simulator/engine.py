@@ -1,12 +1,13 @@
 """The pure model of one replica: rendering, caching, budgets, text and wire shapes.
 
-Nothing here sleeps or touches a socket, so every rule in BACKENDS.md that the simulator models can be
+Nothing here sleeps or touches a socket, so every rule in docs/engines.md that the simulator models can be
 checked with plain values. ``app.py`` adds the clock, the slots and HTTP.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import random
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.simulator import script
 from gateway.types import Json
 
 Engine = Literal["vllm", "llamacpp"]
@@ -51,6 +53,8 @@ class SimConfig:
     load_seconds: float = 0.0
     api_key: str | None = None
     chunk_tokens: int = 1
+    embeddings: bool = False  # llama-server's --embeddings (vLLM: a pooling model) for /v1/embeddings
+    reranking: bool = False  # llama-server's --reranking for /rerank and /v1/rerank
 
     def __post_init__(self) -> None:
         if self.engine not in ("vllm", "llamacpp"):
@@ -214,7 +218,7 @@ def _pick_tool(cfg: SimConfig, body: Json, messages: list[Json]) -> Json | None:
     if choice == "required":
         return tools[0] if isinstance(tools[0], dict) else None
     users = [m for m in messages if m.get("role") == "user"]
-    if users and _TOOL_WORDS.search(_text(users[-1].get("content"))):
+    if users and _TOOL_WORDS.search(script.strip_markers(_text(users[-1].get("content")))):
         return tools[0] if isinstance(tools[0], dict) else None
     return None
 
@@ -250,6 +254,8 @@ class Prepared:
     budget: int
     tool: Json | None
     cache_salt: str | None
+    script: script.Script | None = None
+    meta: Json = dataclasses.field(default_factory=dict)  # what a dialect keeps for its answer
 
 
 def _int_field(cfg: SimConfig, body: Json, name: str, low: int) -> int | None:
@@ -302,10 +308,8 @@ def _is_json(content_type: str | None) -> bool:
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
-def prepare(
-    cfg: SimConfig, kind: Literal["chat", "completion"], raw: bytes, content_type: str | None
-) -> Prepared:
-    """Validate a request as the configured engine does and render its prompt; raise ApiError if refused."""
+def parse(cfg: SimConfig, raw: bytes, content_type: str | None) -> Json:
+    """The request body as a JSON object, refused as the configured engine refuses what is not one."""
     vllm = cfg.engine == "vllm"
     if vllm and not _is_json(content_type):
         raise vllm_error(400, "Unsupported Media Type: Only 'application/json' is allowed", "Bad Request")
@@ -317,6 +321,21 @@ def prepare(
         raise bad_request(cfg, f"Failed to parse the request body as JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(cfg, "The request body must be a JSON object", "body")
+    return body
+
+
+def prepare(
+    cfg: SimConfig, kind: Literal["chat", "completion"], raw: bytes, content_type: str | None
+) -> Prepared:
+    """Validate a request as the configured engine does and render its prompt; raise ApiError if refused."""
+    return prepare_body(cfg, kind, parse(cfg, raw, content_type))
+
+
+def prepare_body(
+    cfg: SimConfig, kind: Literal["chat", "completion"], body: Json, meta: Json | None = None
+) -> Prepared:
+    """``prepare`` for a parsed body (other dialects convert theirs to a chat body first)."""
+    vllm = cfg.engine == "vllm"
     stream = body.get("stream") is True
     options = body.get("stream_options")
     if vllm and options is not None and not stream:
@@ -328,7 +347,7 @@ def prepare(
         raise vllm_error(
             404, f"The model `{model}` does not exist. Valid aliases: {cfg.model}.", "NotFoundError", "model"
         )
-    tool = None
+    tool = scripted = None
     thinking = False
     if kind == "chat":
         messages = body.get("messages")
@@ -346,6 +365,7 @@ def prepare(
             )
         thinking = _thinking(cfg, body)
         tool = _pick_tool(cfg, body, messages)
+        scripted = script.detect(messages, tools, body.get("tool_choice", "auto"))
         prompt = render_chat(cfg, messages, tools, thinking).encode()
     else:
         raw_prompt = body.get("prompt")
@@ -370,6 +390,8 @@ def prepare(
         budget=_budget(cfg, body, count),
         tool=tool,
         cache_salt=salt if isinstance(salt, str) else None,
+        script=scripted,
+        meta=meta or {},
     )
 
 
@@ -400,11 +422,20 @@ def generate(cfg: SimConfig, prep: Prepared, counter: int) -> Output:
     left = budget - n_reason
     call: Json | None = None
     tool_tokens = n_content = 0
+    echo: tuple[str, ...] = ()
+    plan = prep.script
+    if plan is None and prep.tool is not None:
+        plan = script.Script(
+            name=(prep.tool.get("function") or {}).get("name"), arguments=tool_arguments(prep.tool)
+        )
     if prep.thinking and cfg.reasoning_tokens > 0 and left <= 0:
         finish = "length"  # the "thinking ate max_tokens" trap
-    elif prep.tool is not None:
-        name = (prep.tool.get("function") or {}).get("name")
-        args = tool_arguments(prep.tool)
+    elif plan is not None and plan.echo is not None:
+        pieces = plan.echo.split(" ")  # joined again with single spaces: the text comes back exactly
+        echo = tuple(pieces[:left])
+        finish = "stop" if len(echo) == len(pieces) else "length"
+    elif plan is not None:
+        name, args = plan.name, plan.arguments
         need = n_tokens(f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'.encode())
         if need <= left:
             call = {
@@ -419,8 +450,6 @@ def generate(cfg: SimConfig, prep: Prepared, counter: int) -> Output:
         n_content = min(cfg.answer_tokens, left)
         finish = "stop" if n_content == cfg.answer_tokens else "length"
     words = random.Random(cfg.seed * 2**32 + counter).choices(VOCAB, k=n_reason + n_content)
-    answered = call is None and (finish == "stop" or n_content > 0)
-    return Output(tuple(words[:n_reason]), tuple(words[n_reason:]), call, tool_tokens, finish, answered)
-
-
-# --- prefix caches -----------------------------------------------------------------------------------
+    content = echo or tuple(words[n_reason:])
+    answered = call is None and (finish == "stop" or len(content) > 0)
+    return Output(tuple(words[:n_reason]), content, call, tool_tokens, finish, answered)

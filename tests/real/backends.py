@@ -9,7 +9,7 @@ Overrides, for a machine that already has the engines elsewhere:
 * ``FLEET_LLAMA_SERVER``: path to a ``llama-server`` binary;
 * ``FLEET_VLLM_PYTHON``: path to a Python interpreter that can import ``vllm``.
 
-Both engines behave as BACKENDS.md section 8 describes; the choices below cite it.
+Both engines behave as docs/engines.md §11 describes; the choices below cite it.
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ class LlamaServer(_Server):
             *("-t", "1"),
             # This build renders enable_thinking as false when a request has no kwargs; starting
             # it as true mimics a real Qwen deployment, so the gateway's injected
-            # `enable_thinking: false` shows up as extra prompt tokens (BACKENDS.md section 8).
+            # `enable_thinking: false` shows up as extra prompt tokens (docs/engines.md §11).
             # The build logs a deprecation warning for it and suggests `--reasoning on`.
             *("--chat-template-kwargs", '{"enable_thinking": true}'),
             *self.extra_args,
@@ -386,7 +386,7 @@ class VllmServer(_Server):
     """vLLM's OpenAI server (CPU build) on a Hugging Face checkpoint directory.
 
     Start-up takes roughly 20-30 s and 2 GB of RAM; the socket refuses connections until the
-    engine is built, so readiness is polled on ``/health`` (BACKENDS.md section 1).
+    engine is built, so readiness is polled on ``/health`` (docs/engines.md §1).
     """
 
     kind = "vllm"

@@ -48,9 +48,9 @@ MERGES = (
 
 # ChatML with Qwen-style tool rendering. ``tool | tojson`` per tool, in request order, so the
 # prompt bytes depend on tool order and on key order inside ``parameters`` exactly as with
-# real Qwen templates (BACKENDS.md section 6). The empty think block appears only for an
+# real Qwen templates (docs/engines.md §9). The empty think block appears only for an
 # explicit false, as Qwen3 does; llama-server is started with enable_thinking=true by default
-# so that a request without kwargs renders none (BACKENDS.md section 8).
+# so that a request without kwargs renders none (docs/engines.md §11).
 CHAT_TEMPLATE = """\
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}

@@ -25,7 +25,7 @@ HIDDEN = 64
 LAYERS = 2
 HEADS = 2
 # The CPU attention kernel rejects head_dim 16: the engine starts, then dies on the first
-# request (BACKENDS.md section 8). 32 is the smallest size that works.
+# request (docs/engines.md §11). 32 is the smallest size that works.
 HEAD_DIM = 32
 INTERMEDIATE = 128
 MAX_POSITIONS = 4096

@@ -1,6 +1,6 @@
 """Smoke tests of the real-backend kit itself: the engines answer the way the gateway tests expect.
 
-These pin the facts from BACKENDS.md that the gateway's end-to-end tests rely on, so a change of
+These pin the facts from docs/engines.md that the gateway's end-to-end tests rely on, so a change of
 engine build shows up here first, not as a puzzling gateway failure.
 """
 

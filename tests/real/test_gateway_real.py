@@ -11,7 +11,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.harness import Running, run_gateway
+from tests.support.harness import Running, run_gateway
 
 from .backends import LlamaServer, VllmServer
 
@@ -19,7 +19,7 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 
 
 def routes(llama: tuple[LlamaServer, LlamaServer], vllm: VllmServer) -> str:
-    # Small budgets: the tiny random models never stop on their own (BACKENDS.md §8).
+    # Small budgets: the tiny random models never stop on their own (docs/engines.md §11).
     return f"""
 defaults: {{max_tokens: 16, min_max_tokens: 0}}
 presets:
