@@ -100,7 +100,12 @@ UPSTREAM_RCVBUF = 512 * 1024
 
 def create_client(kind: str = "lean", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:
     if kind == "aiohttp":
-        from gateway.upstream.aiohttp_client import AiohttpClient
+        try:
+            from gateway.upstream.aiohttp_client import AiohttpClient
+        except ImportError as exc:  # an extra: pip install 'fleet-gateway[aiohttp]'
+            raise ValueError(
+                "GATEWAY_HTTP_CLIENT=aiohttp needs the aiohttp extra: pip install 'fleet-gateway[aiohttp]'"
+            ) from exc
 
         return AiohttpClient(keepalive_expiry)
     if kind == "httpx2":
