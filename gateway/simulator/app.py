@@ -8,8 +8,8 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import orjson
 import uvicorn
@@ -21,14 +21,31 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.simulator import cache, dialect, engine
+from gateway.simulator import cache, dialect, engine, extras, messages, responses
+from gateway.simulator.dialect import Wire
 from gateway.simulator.engine import SimConfig
+from gateway.types import Json
 
 FAILURES = (None, "500", "503", "hang", "close")
 KNOBS = ("time_scale", "decode_tps", "prefill_tps", "reasoning_tokens", "answer_tokens")
 LLAMA_PUBLIC = frozenset({"/v1/health", "/v1/models"})
+# llama-server checks the key on every path but a few; the simulator on /v1/ and these.
+LLAMA_GUARDED = frozenset(
+    {
+        "/responses",
+        "/tokenize",
+        "/detokenize",
+        "/infill",
+        "/embedding",
+        "/embeddings",
+        "/rerank",
+        "/reranking",
+    }
+)
 LOADING = engine.llama_error(503, "Loading model", "unavailable_error").payload
 Header = tuple[bytes, bytes]
+Shape = Callable[[SimConfig, int, Json], Json]
+Run = Callable[[bytes, Scope, Send], Awaitable[None]]
 
 
 async def _send_json(send: Send, status: int, obj: Any, extra: Sequence[Header] = ()) -> None:
@@ -141,6 +158,7 @@ class Replica:
         self.blocks = cache.BlockCache(config.block_size, config.cache_blocks)
         self.slot_cache = cache.SlotCache(config.slots)
         self.pool = SlotPool(config.slots, _any_slot if self.vllm else self.slot_cache.pick)
+        self.responses = responses.Store(config)
         self.created = int(time.time())
         self.ready_at = time.monotonic() + config.load_seconds
 
@@ -160,12 +178,13 @@ class Replica:
                 self.fail = self.fail_count = None
         return fail
 
-    async def inject(self, fail: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def inject(self, fail: str, scope: Scope, receive: Receive, send: Send, shape: Shape) -> None:
         self.counters.injected += 1
         if fail in ("500", "503"):
             status = int(fail)
             extra = [(b"retry-after", b"1")] if status == 503 else []
-            await _send_json(send, status, engine.server_error(self.cfg, status, "injected failure"), extra)
+            payload = shape(self.cfg, status, engine.server_error(self.cfg, status, "injected failure"))
+            await _send_json(send, status, payload, extra)
             return
         if fail == "close":
             # Raising would make uvicorn answer 500; closing its transport drops the connection bare.
@@ -175,19 +194,27 @@ class Replica:
             transport.close()
         await _wait_disconnect(receive)
 
-    async def generate(
-        self, kind: Literal["chat", "completion"], raw: bytes, scope: Scope, send: Send
-    ) -> None:
-        cfg = self.cfg
+    async def answer(self, answer: dialect.Answer, raw: bytes, scope: Scope, send: Send) -> None:
         try:
-            prep = engine.prepare(cfg, kind, raw, _header(scope, b"content-type"))
+            body = answer.respond(self.cfg, raw, _header(scope, b"content-type"))
         except engine.ApiError as exc:
             self.counters.errors += 1
-            await _send_json(send, exc.status, exc.payload)
+            await _send_json(send, exc.status, answer.error_shape(self.cfg, exc.status, exc.payload))
+            return
+        self.counters.completed += 1
+        await _send_json(send, 200, body)
+
+    async def generate(self, wire: Wire, raw: bytes, scope: Scope, send: Send) -> None:
+        cfg = self.cfg
+        try:
+            prep = wire.prepare(cfg, raw, _header(scope, b"content-type"))
+        except engine.ApiError as exc:
+            self.counters.errors += 1
+            await _send_json(send, exc.status, wire.error_shape(cfg, exc.status, exc.payload))
             return
         self.counter += 1
         out = engine.generate(cfg, prep, self.counter)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(16).hex()
+        rid = wire.id_prefix + os.urandom(16).hex()
         slot, kv = -1, 0
         self.in_flight += 1
         try:
@@ -208,13 +235,13 @@ class Replica:
             if prep.stream:
                 if not self.vllm:
                     await self._start_sse(send)
-                for count, event in dialect.stream_events(cfg, reply):
+                for count, event in wire.stream(cfg, reply):
                     await self._decode(count)
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await self._decode(out.completion_tokens)
-                await _send_json(send, 200, dialect.response(cfg, reply))
+                await _send_json(send, 200, wire.response(cfg, reply))
             self.counters.completed += 1
             if not self.vllm:
                 self.slot_cache.store(slot, prep.prompt + out.text().encode())
@@ -327,6 +354,7 @@ class Replica:
         self.counter = 0
         self.blocks.reset()
         self.slot_cache.reset()
+        self.responses.reset()
         return _json({"ok": True})
 
     async def sim_config(self, request: Request) -> Response:
@@ -357,11 +385,12 @@ class Replica:
         return _json(self.knobs())
 
 
-class _Generate:
-    """A raw ASGI endpoint: the body is read, then generation races the client's disconnect."""
+class _Endpoint:
+    """A raw ASGI endpoint: the body is read and recorded, a failure maybe injected, then ``run`` races the
+    client's disconnect (generation is aborted, and its slot freed, when the client leaves)."""
 
-    def __init__(self, replica: Replica, kind: Literal["chat", "completion"]) -> None:
-        self.replica, self.kind = replica, kind
+    def __init__(self, replica: Replica, run: Run, shape: Shape = dialect.same_shape) -> None:
+        self.replica, self.run, self.shape = replica, run, shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rep = self.replica
@@ -373,9 +402,9 @@ class _Generate:
         rep.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         fail = rep.take_fail()
         if fail is not None:
-            await rep.inject(fail, scope, receive, send)
+            await rep.inject(fail, scope, receive, send, self.shape)
             return
-        run = asyncio.ensure_future(rep.generate(self.kind, raw, scope, send))
+        run = asyncio.ensure_future(self.run(raw, scope, send))
         watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait((run, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -408,10 +437,18 @@ class _Gate:
                 return
             key = rep.cfg.api_key
             guarded = path.startswith("/v1/") and (rep.vllm or path not in LLAMA_PUBLIC)
-            if key and guarded and _header(scope, b"authorization") != f"Bearer {key}":
+            guarded = guarded or (not rep.vllm and path in LLAMA_GUARDED)
+            if key and guarded and not self._allowed(scope, key):
                 await _send_json(send, 401, self.denied)
                 return
         await self.app(scope, receive, send)
+
+    def _allowed(self, scope: Scope, key: str) -> bool:
+        if _header(scope, b"authorization") == f"Bearer {key}":
+            return True
+        # llama-server also takes Anthropic's header (its value with or without "Bearer ").
+        given = None if self.replica.vllm else _header(scope, b"x-api-key")
+        return given is not None and given.removeprefix("Bearer ") == key
 
 
 class _SimApp(Starlette):
@@ -424,7 +461,15 @@ class _SimApp(Starlette):
 def create_app(config: SimConfig) -> Starlette:
     """One replica as an ASGI app; its state is ``app.state.replica``."""
     rep = Replica(config)
-    chat, completion = _Generate(rep, "chat"), _Generate(rep, "completion")
+
+    def gen(wire: Wire) -> _Endpoint:
+        return _Endpoint(rep, lambda raw, scope, send: rep.generate(wire, raw, scope, send), wire.error_shape)
+
+    def ans(wire: dialect.Answer) -> _Endpoint:
+        return _Endpoint(rep, lambda raw, scope, send: rep.answer(wire, raw, scope, send), wire.error_shape)
+
+    chat, completion = gen(dialect.CHAT), gen(dialect.COMPLETION)
+    answer_responses = gen(rep.responses.wire)
     post = ["POST"]
     routes = [
         Route("/sim/stats", rep.sim_stats),
@@ -435,6 +480,15 @@ def create_app(config: SimConfig) -> Starlette:
         Route("/metrics", rep.metrics),
         Route("/v1/chat/completions", chat, methods=post),
         Route("/v1/completions", completion, methods=post),
+        Route("/v1/messages", gen(messages.WIRE), methods=post),
+        Route("/v1/messages/count_tokens", ans(messages.COUNT_TOKENS), methods=post),
+        Route("/v1/responses", answer_responses, methods=post),
+        Route("/v1/responses/{response_id}", rep.responses.get, methods=["GET"]),
+        Route("/v1/responses/{response_id}", rep.responses.delete, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", rep.responses.cancel, methods=post),
+        Route("/v1/embeddings", ans(extras.EMBEDDINGS), methods=post),
+        Route("/tokenize", ans(extras.TOKENIZE), methods=post),
+        Route("/detokenize", ans(extras.DETOKENIZE), methods=post),
     ]
     if config.engine == "vllm":
         routes += [
@@ -450,6 +504,13 @@ def create_app(config: SimConfig) -> Starlette:
             Route("/slots", rep.slots),
             Route("/chat/completions", chat, methods=post),
             Route("/completions", completion, methods=post),
+            Route("/responses", answer_responses, methods=post),
+            Route("/infill", gen(extras.INFILL), methods=post),
+            *(Route(p, ans(extras.LLAMA_EMBEDDINGS), methods=post) for p in ("/embedding", "/embeddings")),
+            *(
+                Route(p, ans(extras.RERANK), methods=post)
+                for p in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
+            ),
         ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import orjson
 
+from gateway.simulator import engine
 from gateway.simulator.engine import FINGERPRINT, Output, Prepared, SimConfig
 from gateway.types import Json
 
@@ -20,6 +21,37 @@ class Reply:
     prep: Prepared
     out: Output
     cached_tokens: int
+
+
+def same_shape(cfg: SimConfig, status: int, payload: Json) -> Json:
+    return payload
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One generating endpoint: how its bytes become a Prepared, and a Reply becomes its answer."""
+
+    prepare: Callable[[SimConfig, bytes, str | None], Prepared]
+    response: Callable[[SimConfig, Reply], Json]
+    stream: Callable[[SimConfig, Reply], Iterable[tuple[int, bytes]]]
+    id_prefix: str
+    # Reshapes an error body the engine would send in its usual shape (vLLM's Messages endpoint).
+    error_shape: Callable[[SimConfig, int, Json], Json] = same_shape
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An endpoint that answers at once (tokenize, embeddings...): the body's JSON, or an ApiError."""
+
+    respond: Callable[[SimConfig, bytes, str | None], Json | list[Json]]
+    error_shape: Callable[[SimConfig, int, Json], Json] = same_shape
+
+
+def chunks(words: tuple[str, ...], step: int) -> Iterator[tuple[int, str]]:
+    """(tokens, text) groups of at most ``step`` words; every group but the first has its leading space."""
+    for i in range(0, len(words), step):
+        group = words[i : i + step]
+        yield len(group), (" " if i else "") + " ".join(group)
 
 
 def usage(cfg: SimConfig, r: Reply) -> Json:
@@ -242,3 +274,15 @@ def prometheus(values: dict[str, float], labels: str = "") -> str:
 
 def vllm_labels(cfg: SimConfig) -> str:
     return f'{{engine="0",model_name="{_label(cfg.model)}"}}'
+
+
+def _prepare_chat(cfg: SimConfig, raw: bytes, content_type: str | None) -> Prepared:
+    return engine.prepare(cfg, "chat", raw, content_type)
+
+
+def _prepare_completion(cfg: SimConfig, raw: bytes, content_type: str | None) -> Prepared:
+    return engine.prepare(cfg, "completion", raw, content_type)
+
+
+CHAT = Wire(_prepare_chat, response, stream_events, "chatcmpl-")
+COMPLETION = Wire(_prepare_completion, response, stream_events, "cmpl-")
