@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import Running, eventually, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import Running, eventually, run_gateway
+from tests.support.servers import ThreadServer
 
 KEY = "fleet-test-key-1"
 
@@ -64,13 +64,15 @@ def gw(fleet: dict[str, ThreadServer]) -> Iterator[Running]:
 
 
 @pytest.fixture
-def claude(gw: Running) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=KEY, max_retries=0)
+def claude(gw: Running) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=gw.url, api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture
-def codex(gw: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+def codex(gw: Running) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 def last(server: ThreadServer) -> tuple[dict[str, Any], dict[str, str]]:
@@ -193,8 +195,10 @@ def test_anthropic_clients_get_anthropic_errors(gw: Running, claude: anthropic.A
         claude.messages.create(
             model="no-such-model", max_tokens=10, messages=[{"role": "user", "content": "x"}]
         )
-    wrong = anthropic.Anthropic(base_url=gw.url, api_key="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as denied:
+    with (
+        anthropic.Anthropic(base_url=gw.url, api_key="wrong", max_retries=0) as wrong,
+        pytest.raises(anthropic.AuthenticationError) as denied,
+    ):
         wrong.messages.create(
             model="claude-opus-4-8", max_tokens=10, messages=[{"role": "user", "content": "x"}]
         )

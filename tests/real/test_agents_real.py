@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import Running, eventually, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import Running, eventually, run_gateway
+from tests.support.servers import ThreadServer
 
 from .agents import AgentHome, AgentsMissing, require_agents, run_claude, run_codex
 from .backends import LlamaServer
