@@ -10,6 +10,7 @@ The first attempt runs outside tenacity, so the common case costs nothing for re
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -291,13 +292,20 @@ def _timeouts(pool: Pool, stream: bool) -> Timeouts:
     return Timeouts(connect=timeouts.connect, first_byte=None, idle=None)
 
 
+MAX_RETRY_AFTER = 3600.0  # what a replica may ask for, at most, in the Retry-After passed on
+
+
 def _retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None  # an HTTP date: treated as absent rather than trusting a clock we do not share
+    if not math.isfinite(seconds):
+        # `inf` parses as a float; passed on, int() of it raised and turned a 503 into a 500.
+        return None if math.isnan(seconds) else MAX_RETRY_AFTER
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _final_error(error: UpstreamError, attempt: Attempt) -> GatewayError:

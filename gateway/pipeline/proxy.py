@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -397,7 +398,9 @@ class Proxy:
         if report.kinds and mode in ("move", "strip"):
             action = "moved" if report.moved else "stripped" if mode == "strip" else "found"
             ex.rewrites.append((f"prefix_{action}", f"prefix={action}:" + "+".join(report.kinds)))
-        client = ex.client_id + (f"/{session}" if session else "")
+        # A session name is the client's own text, of any length and content: only a short hash
+        # of it is kept (churn tracking) or logged (no forged lines, no e-mail address in logs).
+        client = ex.client_id + (f"/s:{_digest(session)}" if session else "")
         ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
         if report.kinds and self.churn.first_report(client, report.template):
             effect = (
@@ -407,7 +410,7 @@ class Proxy:
             )
             prefix_log.warning(
                 "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
-                "%s; see the README's 'Prefix cache' section",
+                "%s; see docs/prefix-cache.md",
                 ",".join(report.kinds),
                 client,
                 preset,
@@ -459,6 +462,10 @@ def _serves(preset: Preset, endpoint: Endpoint) -> bool:
         return False
     engines = {r.engine for r in preset.replicas} | ({preset.discover.engine} if preset.discover else set())
     return not engines or any(endpoint.serves(engine) for engine in engines)
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=6).hexdigest()
 
 
 def _session(body: dict[str, Any], headers: dict[str, str]) -> str | None:
