@@ -282,3 +282,11 @@ def test_rewrite_changes_only_the_keys_the_gateway_owns(
     again = orjson.loads(wire)
     rewrite(again, preset, "chat", want_usage=want_usage)
     assert orjson.dumps(again) == wire
+
+
+def test_stream_options_without_a_stream_are_dropped_and_said_so() -> None:
+    """vLLM answers 400 to stream_options on a non-streaming request; OpenAI ignores them."""
+    body = chat(stream_options={"include_usage": True})
+    plan = rewrite(body, PLAIN, "chat", want_usage=True)
+    assert "stream_options" not in body
+    assert ("stream_options_dropped", "stream_options=dropped") in plan.notes

@@ -87,6 +87,10 @@ def rewrite(body: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *, w
     if spec.budget:
         _budget(body, preset, plan, spec)
         _params(body, preset, plan)
+    if not stream and options is not None:
+        # OpenAI ignores stream_options without a stream; vLLM answers 400 to it.
+        del body["stream_options"]
+        plan.notes.append(("stream_options_dropped", "stream_options=dropped"))
     if want_usage and stream and dialect is OPENAI and not client_wants_usage:
         # Token counts for the metrics; the extra usage chunk is removed before it reaches the client.
         # Never on a non-streaming request: vLLM answers 400 to stream_options without stream.
