@@ -196,7 +196,7 @@ def _thinking(cfg: SimConfig, body: Json) -> bool:
     return cfg.thinking_default
 
 
-def _pick_tool(cfg: SimConfig, body: Json, messages: list[Json]) -> Json | None:
+def _pick_tool(cfg: SimConfig, body: Json, messages: list[Json], guess: bool = True) -> Json | None:
     tools = body.get("tools")
     if not tools:
         return None
@@ -218,7 +218,7 @@ def _pick_tool(cfg: SimConfig, body: Json, messages: list[Json]) -> Json | None:
     if choice == "required":
         return tools[0] if isinstance(tools[0], dict) else None
     users = [m for m in messages if m.get("role") == "user"]
-    if users and _TOOL_WORDS.search(script.strip_markers(_text(users[-1].get("content")))):
+    if guess and users and _TOOL_WORDS.search(script.strip_markers(_text(users[-1].get("content")))):
         return tools[0] if isinstance(tools[0], dict) else None
     return None
 
@@ -332,9 +332,18 @@ def prepare(
 
 
 def prepare_body(
-    cfg: SimConfig, kind: Literal["chat", "completion"], body: Json, meta: Json | None = None
+    cfg: SimConfig,
+    kind: Literal["chat", "completion"],
+    body: Json,
+    meta: Json | None = None,
+    guess_tools: bool = True,
 ) -> Prepared:
-    """``prepare`` for a parsed body (other dialects convert theirs to a chat body first)."""
+    """``prepare`` for a parsed body (other dialects convert theirs to a chat body first).
+
+    `guess_tools`: a chat request whose last user message says "call" or "tool" gets a call of its
+    first tool. Agents' requests (Messages, Responses) are full of both words in their reminders:
+    there only the scripted marker asks for a tool, or Claude Code would spawn subagents forever.
+    """
     vllm = cfg.engine == "vllm"
     stream = body.get("stream") is True
     options = body.get("stream_options")
@@ -364,7 +373,7 @@ def prepare_body(
                 "Refused request with untrusted chat template.",
             )
         thinking = _thinking(cfg, body)
-        tool = _pick_tool(cfg, body, messages)
+        tool = _pick_tool(cfg, body, messages, guess_tools)
         scripted = script.detect(messages, tools, body.get("tool_choice", "auto"))
         prompt = render_chat(cfg, messages, tools, thinking).encode()
     else:

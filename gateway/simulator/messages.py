@@ -163,12 +163,14 @@ def _function(tool: Json) -> Json:
 
 def prepare(cfg: SimConfig, raw: bytes, content_type: str | None) -> Prepared:
     body = engine.parse(cfg, raw, content_type)
-    return engine.prepare_body(cfg, "chat", to_chat(cfg, body))
+    return engine.prepare_body(cfg, "chat", to_chat(cfg, body), guess_tools=False)
 
 
 def count_tokens(cfg: SimConfig, raw: bytes, content_type: str | None) -> Json:
     body = engine.parse(cfg, raw, content_type)
-    count = engine.prepare_body(cfg, "chat", to_chat(cfg, body, counting=True)).prompt_tokens
+    count = engine.prepare_body(
+        cfg, "chat", to_chat(cfg, body, counting=True), guess_tools=False
+    ).prompt_tokens
     if cfg.engine == "vllm":
         return {"input_tokens": count, "context_management": {"original_input_tokens": count}}
     return {"input_tokens": count}

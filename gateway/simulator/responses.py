@@ -154,7 +154,7 @@ class Store:
         chat, turns = self.to_chat(cfg, body)
         meta = {"request": {k: body.get(k) for k in ECHOED}, "store": body.get("store") is not False}
         meta.update(turns=turns, tools=body.get("tools") or [], metadata=body.get("metadata") or {})
-        return engine.prepare_body(cfg, "chat", chat, meta)
+        return engine.prepare_body(cfg, "chat", chat, meta, guess_tools=False)
 
     # --- reply -> Responses ------------------------------------------------------------------------
 
