@@ -35,8 +35,8 @@ from gateway.tools.benchreport import (
     latest_by_preset,
     parse_nvidia_smi,
 )
-from tests.harness import Running, run_gateway
-from tests.servers import ThreadServer, free_port
+from tests.support.harness import Running, run_gateway
+from tests.support.servers import ThreadServer, free_port
 
 RESULT_KEYS = {
     "decode_tps",

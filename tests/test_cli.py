@@ -16,8 +16,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.simulator import SimConfig, create_app
-from tests.harness import eventually
-from tests.servers import ThreadServer, free_port
+from tests.support.harness import eventually
+from tests.support.servers import ThreadServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_GATEWAY = [sys.executable, "-m", "gateway"]

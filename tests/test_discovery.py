@@ -12,8 +12,8 @@ from gateway.fleet.discovery import Discovery, discovered_spec, update_pool
 from gateway.fleet.replicas import Fleet, Replica
 from gateway.routing.table import Discover, parse_table
 from gateway.simulator import SimConfig, create_app
-from tests.harness import eventually, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import eventually, run_gateway
+from tests.support.servers import ThreadServer
 
 TABLE = """
 presets:

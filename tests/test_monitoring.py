@@ -18,8 +18,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import eventually, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import eventually, run_gateway
+from tests.support.servers import ThreadServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"

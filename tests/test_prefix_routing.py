@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import Running, eventually, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import Running, eventually, run_gateway
+from tests.support.servers import ThreadServer
 
 
 @pytest.fixture(scope="module")

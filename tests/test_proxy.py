@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from gateway.simulator import SimConfig, create_app
-from tests.harness import Running, run_gateway
-from tests.servers import ThreadServer
+from tests.support.harness import Running, run_gateway
+from tests.support.servers import ThreadServer
 
 
 def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:

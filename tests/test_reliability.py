@@ -1,7 +1,7 @@
-"""Reliability cases 1-25 of shared/RELIABILITY.md, against the gateway over real sockets.
+"""Reliability cases 1-25 of docs/failures.md, against the gateway over real sockets.
 
 Each test is one case (or one part of it), named after it; its docstring quotes what it checks.
-The upstream is FU (tests/faults.py), scripted per request. Timing gates of the catalogue are
+The upstream is FU (tests/support/faults.py), scripted per request. Timing gates of the catalogue are
 checked with generous bounds (a "within 1 s" becomes < 3 s) where they are about speed on a shared
 2-core machine, and kept tight where they are about what happens first (an EOF before a retry).
 Catalogue values that would make a test take minutes are scaled down; each scaling is said where
@@ -29,7 +29,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.fault_behaviours import (
+from tests.support.fault_behaviours import (
     CloseBeforeHeaders,
     Flood,
     Gate,
@@ -42,12 +42,19 @@ from tests.fault_behaviours import (
     sse_frame,
     usage_chunk,
 )
-from tests.fault_records import now
-from tests.faults import FaultProcess, FaultServer, fault_server
-from tests.gateway_answers import assert_envelope, data_events, error_events, metric
-from tests.gateway_process import GatewayProcess, chat_body, established, routes_yaml, rss_bytes, wait_until
-from tests.harness import Running, run_gateway
-from tests.rawhttp import (
+from tests.support.fault_records import now
+from tests.support.faults import FaultProcess, FaultServer, fault_server
+from tests.support.gateway_answers import assert_envelope, data_events, error_events, metric
+from tests.support.gateway_process import (
+    GatewayProcess,
+    chat_body,
+    established,
+    routes_yaml,
+    rss_bytes,
+    wait_until,
+)
+from tests.support.harness import Running, run_gateway
+from tests.support.rawhttp import (
     HttpReader,
     RawResponse,
     address_of,

@@ -1,8 +1,8 @@
-"""Bad input, resource limits and security: cases 26-36 of shared/RELIABILITY.md.
+"""Bad input, resource limits and security: cases 26-36 of docs/failures.md.
 
 Malformed and hostile requests are written as raw bytes where a well-behaved client library would
 refuse to send them (smuggling probes, Host-header tricks, bare CR). The upstream is FU
-(tests/faults.py); "0 upstream attempts" is checked on what FU actually received.
+(tests/support/faults.py); "0 upstream attempts" is checked on what FU actually received.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from hypothesis_jsonschema import from_schema
 
 from gateway.pipeline.rewrite import cap_to_context, check_request, rewrite
 from gateway.routing.table import parse_table
-from tests.fault_behaviours import HugeBody, Reply, Sse
-from tests.fault_records import now
-from tests.faults import FaultServer, fault_server
-from tests.gateway_answers import addresses_in, assert_envelope, series_count, strict_json
-from tests.gateway_process import GatewayProcess, chat_body, routes_yaml, rss_bytes, wait_until
-from tests.harness import Running, run_gateway
-from tests.rawhttp import (
+from tests.support.fault_behaviours import HugeBody, Reply, Sse
+from tests.support.fault_records import now
+from tests.support.faults import FaultServer, fault_server
+from tests.support.gateway_answers import addresses_in, assert_envelope, series_count, strict_json
+from tests.support.gateway_process import GatewayProcess, chat_body, routes_yaml, rss_bytes, wait_until
+from tests.support.harness import Running, run_gateway
+from tests.support.rawhttp import (
     HttpReader,
     RawResponse,
     address_of,

@@ -15,9 +15,9 @@ import httpx2
 import openai
 import orjson
 import pytest
-from servers import ThreadServer, free_port, serve
 
 from gateway.simulator import SimConfig, create_app, serve_sim
+from tests.support.servers import ThreadServer, free_port, serve
 
 FAST = {"time_scale": 0.0, "reasoning_tokens": 6, "answer_tokens": 4}
 CHAT = {"model": "qwen3", "messages": [{"role": "user", "content": "hello"}]}

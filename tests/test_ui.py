@@ -24,8 +24,8 @@ from gateway.settings import Settings
 from gateway.simulator import SimConfig
 from gateway.simulator import create_app as sim_app
 from gateway.tools import demo
-from tests.harness import Running, eventually, one_replica_table, run_gateway
-from tests.servers import ThreadServer, serve
+from tests.support.harness import Running, eventually, one_replica_table, run_gateway
+from tests.support.servers import ThreadServer, serve
 
 HELLO = [{"role": "user", "content": "hello"}]
 

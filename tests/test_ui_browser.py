@@ -30,8 +30,8 @@ from gateway.routing.table import parse_table
 from gateway.settings import Settings
 from gateway.simulator import SimConfig
 from gateway.simulator import create_app as sim_app
-from tests.harness import Running, run_gateway
-from tests.servers import ThreadServer, free_port
+from tests.support.harness import Running, run_gateway
+from tests.support.servers import ThreadServer, free_port
 
 pytestmark = pytest.mark.browser
 

@@ -1,6 +1,6 @@
 """The upstream client contract (gateway/upstream/__init__.py), the same for every client kind.
 
-Against real sockets on 127.0.0.1: the scripted upstream of tests/faults.py (FU) in a thread, or a
+Against real sockets on 127.0.0.1: the scripted upstream of tests/support/faults.py (FU) in a thread, or a
 raw socket server for answers FU does not give. Each test runs its client on uvloop, as the gateway
 does in production (the reliability catalogue runs the gateway on asyncio's own loop). Timing is
 only ever compared with what the server recorded on the same monotonic clock, never with a bound a
@@ -34,7 +34,7 @@ from gateway.upstream import (
     UpstreamResponse,
     create_client,
 )
-from tests.fault_behaviours import (
+from tests.support.fault_behaviours import (
     Behaviour,
     CloseBeforeHeaders,
     Flood,
@@ -44,10 +44,10 @@ from tests.fault_behaviours import (
     ResetBeforeHeaders,
     Sse,
 )
-from tests.fault_connection import Conn
-from tests.fault_records import Request, now
-from tests.faults import fault_server
-from tests.rawhttp import free_port
+from tests.support.fault_connection import Conn
+from tests.support.fault_records import Request, now
+from tests.support.faults import fault_server
+from tests.support.rawhttp import free_port
 
 KINDS = ("aiohttp", "httpx2", "lean")
 CHAT = "/v1/chat/completions"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from tests.harness import run_gateway
+from tests.support.harness import run_gateway
 
 from .backends import LlamaServer
 

@@ -15,7 +15,7 @@ import httpx2
 import orjson
 import pytest
 
-from tests.harness import Running, eventually, run_gateway
+from tests.support.harness import Running, eventually, run_gateway
 
 from .backends import LlamaServer
 

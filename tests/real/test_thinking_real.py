@@ -17,7 +17,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.harness import Running, eventually, run_gateway
+from tests.support.harness import Running, eventually, run_gateway
 
 from .backends import LlamaServer
 from .make_gguf import CHAT_TEMPLATE

@@ -1,4 +1,4 @@
-"""FU, the scripted fake upstream of the reliability and security tests (shared/RELIABILITY.md).
+"""FU, the scripted fake upstream of the reliability and security tests (docs/failures.md).
 
 A raw-socket HTTP/1.1 server on asyncio protocols, with no framework in the way, so that it can
 misbehave exactly: close or reset before headers, hang, stall mid-stream, cut an event in half,
@@ -10,12 +10,12 @@ side: "the FU sees EOF within 1.2 s", "B receives exactly one request".
 Two ways to run it:
 - in a thread of the test process (`FaultServer`), when the test wants the records and shares the
   monotonic clock with its own measurements;
-- as a subprocess (`FaultProcess`, `python -m tests.faults --port P --script stream`), when a test
-  needs real SIGKILL semantics: the kernel, not Python, closes the sockets.
+- as a subprocess (`FaultProcess`, `python -m tests.support.faults --port P --script stream`), when
+  a test needs real SIGKILL semantics: the kernel, not Python, closes the sockets.
 
-The script's behaviours are in tests/fault_behaviours.py, what FU records in tests/fault_records.py,
-and each connection's protocol in tests/fault_connection.py. None of them imports the gateway, so
-the subprocess starts fast and cannot be broken by the code under test.
+The script's behaviours are in fault_behaviours.py, what FU records in fault_records.py, and each
+connection's protocol in fault_connection.py (all in tests/support/). None of them imports the
+gateway, so the subprocess starts fast and cannot be broken by the code under test.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.fault_behaviours import Behaviour, CloseBeforeHeaders, Hang, Reply, ResetBeforeHeaders, Sse
-from tests.fault_connection import Conn
-from tests.fault_records import Connection, Request, now
-from tests.rawhttp import LOOPBACK, http_request
+from tests.support.fault_behaviours import Behaviour, CloseBeforeHeaders, Hang, Reply, ResetBeforeHeaders, Sse
+from tests.support.fault_connection import Conn
+from tests.support.fault_records import Connection, Request, now
+from tests.support.rawhttp import LOOPBACK, http_request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 PROBE_PATHS = frozenset({"/health", "/v1/models", "/metrics", "/_fu/stats"})
 VLLM_METRICS = (
@@ -306,7 +306,9 @@ def scripted(name: str, events: int, delay: float) -> Behaviour:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults", description="The scripted fake upstream.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.faults", description="The scripted fake upstream."
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", choices=SCRIPTS, default="stream")
     parser.add_argument("--events", type=int, default=10)
@@ -344,7 +346,7 @@ class FaultProcess:
         return f"http://{LOOPBACK}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> FaultProcess:
-        command = [sys.executable, "-m", "tests.faults", "--port", str(self.port), *self.args]
+        command = [sys.executable, "-m", "tests.support.faults", "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
         )

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tests.rawhttp import RawResponse
+from tests.support.rawhttp import RawResponse
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from tests.fault_records import ConnectionGone, Request, now
+from tests.support.fault_records import ConnectionGone, Request, now
 
 if TYPE_CHECKING:
-    from tests.fault_connection import Conn
+    from tests.support.fault_connection import Conn
 
 
 class Gate:

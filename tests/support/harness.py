@@ -20,7 +20,7 @@ from gateway.ops.accesslog import AccessLog
 from gateway.routing.table import parse_table
 from gateway.server import SERVER_OPTIONS
 from gateway.settings import Settings
-from tests.servers import ThreadServer, serve
+from tests.support.servers import ThreadServer, serve
 
 
 @dataclass

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.fault_records import now
-from tests.rawhttp import LOOPBACK, http_request
+from tests.support.fault_records import now
+from tests.support.rawhttp import LOOPBACK, http_request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def routes_yaml(

@@ -11,11 +11,11 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
-from tests.fault_behaviours import Gate, response_head
-from tests.fault_records import Connection, ConnectionGone, Request, now
+from tests.support.fault_behaviours import Gate, response_head
+from tests.support.fault_records import Connection, ConnectionGone, Request, now
 
 if TYPE_CHECKING:
-    from tests.faults import FaultServer
+    from tests.support.faults import FaultServer
 
 MAX_HEAD = 1024 * 1024  # the FU's own request-head limit: a runaway gateway must not eat the test's memory
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fault_records import now
+from tests.support.fault_records import now
 
 LOOPBACK = "127.0.0.1"
 
