@@ -142,12 +142,6 @@ async def test_a_waiter_past_its_deadline_gets_a_queue_timeout() -> None:
     assert caught.value.code == "queue_timeout" and pool.queued == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Pool.release wakes only the first waiter; when that waiter cannot use the freed "
-    "replica (its pick does not name it, e.g. a request pinned to another replica) it queues again "
-    "and the wakeup is lost, so a waiter that could use the free replica sleeps until queue_timeout",
-)
 @pytest.mark.anyio
 async def test_a_release_reaches_a_waiter_that_can_use_the_freed_replica() -> None:
     pool = fleet().pools["m"]
@@ -167,11 +161,6 @@ async def test_a_release_reaches_a_waiter_that_can_use_the_freed_replica() -> No
         await asyncio.gather(wants_a, wants_b, return_exceptions=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Pool.release sets the first waiter's future; when that waiter's task is cancelled "
-    "before it runs (its client left at that moment) the place it was woken for is never passed on",
-)
 @pytest.mark.anyio
 async def test_a_wakeup_is_passed_on_when_the_woken_waiter_is_cancelled() -> None:
     pool = fleet().pools["m"]

@@ -74,7 +74,9 @@ class Pool:
         self.replicas = list(replicas)
         self.clock = clock
         self._tickets = itertools.count()
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # Each waiter with the replicas it may use, oldest first; a release wakes the oldest one
+        # that can use the freed replica (a request pinned elsewhere must not swallow it).
+        self._waiters: deque[tuple[asyncio.Future[Replica | None], frozenset[str]]] = deque()
 
     @property
     def queued(self) -> int:
@@ -112,9 +114,11 @@ class Pool:
                 headers={"retry-after": "1"},
             )
         wait_until = min(deadline, self.clock() + limits.queue_timeout)
+        usable = frozenset(pick.order)
         while True:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            waiter: asyncio.Future[Replica | None] = asyncio.get_running_loop().create_future()
+            entry = (waiter, usable)
+            self._waiters.append(entry)
             try:
                 async with asyncio.timeout(max(0.0, wait_until - self.clock())):
                     await waiter
@@ -123,25 +127,34 @@ class Pool:
                     f"Preset '{self.preset.name}' had no free replica within the queue timeout",
                     code="queue_timeout",
                 ) from None
+            except asyncio.CancelledError:
+                # Woken, then cancelled before it ran (its client left): the place goes on.
+                if waiter.done() and not waiter.cancelled() and (freed := waiter.result()) is not None:
+                    self._wake(freed)
+                raise
             finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
             replica = self._first_free(pick)
             if replica is not None:
                 return self._lease(replica)
 
     def release(self, replica: Replica) -> None:
         replica.in_flight -= 1
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                break
+        self._wake(replica)
+
+    def _wake(self, replica: Replica) -> None:
+        for entry in self._waiters:
+            waiter, usable = entry
+            if not waiter.done() and replica.name in usable:
+                self._waiters.remove(entry)
+                waiter.set_result(replica)
+                return
 
     def wake_all(self) -> None:
         """After a reload, waiters re-check at once instead of waiting for a release in a dead pool."""
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
 
