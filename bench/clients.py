@@ -1,6 +1,6 @@
 """Compare upstream HTTP clients: CPU time per request, in the client process, against the instant upstream.
 
-    python bench/clients.py [--requests N]
+    python -m bench.clients [--requests N]      # from the repository root
 
 The client runs pinned to core 0 and the upstream to core 1 (when taskset exists), one process per
 client and concurrency, so the numbers are side by side from one run. Results: a table and JSON lines.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import resource
@@ -19,10 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the children run as `python -m bench.*` from here
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
 HEADERS = {"content-type": "application/json"}
 KINDS = ("httpx2-post", "httpx2-stream", "httpx-aiohttp", "aiohttp", "lean")
+# The packages each client needs; a client whose packages are missing gets no row
+# (`pip install -e '.[bench]'` adds httpx and httpx-aiohttp).
+NEEDS = {"httpx-aiohttp": ("httpx", "httpx_aiohttp", "aiohttp"), "aiohttp": ("aiohttp",)}
+
+
+def installed(kind: str) -> bool:
+    return all(importlib.util.find_spec(module) is not None for module in NEEDS.get(kind, ()))
 
 
 def _cpu() -> float:
@@ -70,8 +78,6 @@ async def _measure(kind: str, url: str, concurrency: int, requests: int) -> dict
         close = wrapped.aclose
     elif kind == "lean":
         # Through the gateway's own interface, as the gateway would call it (GATEWAY_HTTP_CLIENT=lean).
-        # The repository first: as a script, bench/ leads sys.path and bench/gateway.py would shadow it.
-        sys.path.insert(0, str(HERE.parent))
         from gateway.upstream import Timeouts, create_client
 
         lean = create_client("lean")
@@ -111,7 +117,7 @@ async def _measure(kind: str, url: str, concurrency: int, requests: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.clients", description=__doc__)
     parser.add_argument("--requests", type=int, default=6400)
     parser.add_argument("--port", type=int, default=19997)
     parser.add_argument("--child", nargs=3, metavar=("KIND", "URL", "CONCURRENCY"), help=argparse.SUPPRESS)
@@ -124,20 +130,24 @@ def main() -> None:
         return
     pin = ["taskset", "-c"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
     upstream = subprocess.Popen(
-        [*(pin and [*pin, "1"]), sys.executable, str(HERE / "instant_upstream.py"), str(args.port)]
+        [*(pin and [*pin, "1"]), sys.executable, "-m", "bench.instant_upstream", str(args.port)], cwd=ROOT
     )
     try:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{args.port}/v1/chat/completions"
         print(f"{'client':16} {'clients':>7} {'cpu ms/req':>10} {'req/s':>8}")
+        missing = [kind for kind in KINDS if not installed(kind)]
+        if missing:
+            print(f"not installed, no row: {', '.join(missing)}", file=sys.stderr)
         for concurrency in (1, 64):
-            for kind in KINDS:
-                command = [*(pin and [*pin, "0"]), sys.executable, __file__, "--requests", str(args.requests)]
+            for kind in (kind for kind in KINDS if kind not in missing):
+                command = [*(pin and [*pin, "0"]), sys.executable, "-m", "bench.clients"]
                 out = subprocess.run(
-                    [*command, "--child", kind, url, str(concurrency)],
+                    [*command, "--requests", str(args.requests), "--child", kind, url, str(concurrency)],
                     capture_output=True,
                     text=True,
                     check=True,
+                    cwd=ROOT,
                 )
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 cpu, rate = result["cpu_ms_per_request"], result["requests_per_s"]

@@ -2,9 +2,10 @@
 
 Benchmarks measure the gateway, not the replica: this answers `POST` with a fixed chat completion
 (or, for `"stream": true`, N SSE chunks) and `GET /health` with 200, with keep-alive, in a few
-microseconds of CPU. Run it on its own core: `taskset -c 1 python bench/instant_upstream.py PORT`.
+microseconds of CPU. Run it on its own core: `taskset -c 1 python -m bench.instant_upstream PORT`
+(from the repository root).
 
-    python bench/instant_upstream.py PORT [CHUNKS] [--hold]
+    python -m bench.instant_upstream PORT [CHUNKS] [--hold]
 
 `--hold` (for memory tests with many open streams): a streaming answer sends its headers and one
 chunk, then nothing more; the connection stays open until the client closes it.
@@ -109,7 +110,9 @@ if __name__ == "__main__":
     import uvloop
 
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.instant_upstream",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("port", type=int)
     parser.add_argument("chunks", type=int, nargs="?", default=64, help="SSE chunks per stream (default 64)")

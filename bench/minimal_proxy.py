@@ -7,9 +7,9 @@ answer, streaming or not. No routing, no rewriting, no metrics, no logs, no limi
 Its figures on the issue's machine (6,800 requests/s at 64 clients, 2,600 streams/s at 32, +0.37 ms
 at one client, +0.52 ms to the first token) are what the gateway's targets were set against; run side
 by side with the gateway it tells how fast this machine is, so that a slower host is not mistaken
-for a slower gateway. `bench/gateway.py` starts it as the `minimal` contender.
+for a slower gateway. `python -m bench.gateway` starts it as the `minimal` contender.
 
-    python bench/minimal_proxy.py PORT UPSTREAM_PORT HOLD_PORT
+    python -m bench.minimal_proxy PORT UPSTREAM_PORT HOLD_PORT
 
 `/hold/...` goes to the holding upstream (the memory test's open streams), everything else to the
 instant one.
@@ -75,7 +75,9 @@ def build(upstream: int, hold: int) -> Starlette:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.minimal_proxy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("port", type=int)
     parser.add_argument("upstream", type=int)

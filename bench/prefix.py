@@ -1,4 +1,4 @@
-"""How well the fleet's prefix caches hit, with and without the gateway: `bench/prefix`.
+"""How well the fleet's prefix caches hit, with and without the gateway: `python -m bench.prefix`.
 
 A coding-agent workload: N concurrent conversations that grow turn by turn, each with a long
 system prompt and a tool list, optionally with a per-request timestamp in the system prompt (as
@@ -6,9 +6,11 @@ careless clients do). For each scenario it reports the cache hit ratio (cached /
 the replicas report them), the tokens actually prefilled, TTFT percentiles and how the requests
 spread over the replicas.
 
-    python bench/prefix.py --backend sim             # simulated replicas, larger scale
-    python bench/prefix.py --backend llama           # two real llama-server replicas (tiny GGUF)
-    python bench/prefix.py --backend llama --quick   # a few conversations, under a minute
+    python -m bench.prefix --backend sim             # simulated replicas, larger scale
+    python -m bench.prefix --backend llama           # two real llama-server replicas (tiny GGUF)
+    python -m bench.prefix --backend llama --quick   # a few conversations, under a minute
+
+Run from the repository root: it imports `gateway` and the test helpers in `tests/`.
 
 Results: a table on stdout and JSON lines (one per scenario) appended to --out.
 """
@@ -21,7 +23,6 @@ import contextlib
 import json
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,8 +32,7 @@ from typing import Any
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.proxycost.constants import BENCH
 
 TOOLS = [
     {
@@ -206,7 +206,7 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
     with contextlib.ExitStack() as stack:
         if backend == "sim":
             from gateway.simulator import SimConfig, create_app
-            from tests.servers import ThreadServer
+            from tests.support.servers import ThreadServer
 
             servers = []
             for i in range(count):
@@ -271,7 +271,7 @@ async def drive(
 def run_scenario(
     scenario: Scenario, backend: str, *, conversations: int, turns: int, replicas: int, slots: int, words: int
 ) -> dict[str, Any]:
-    from tests.harness import run_gateway
+    from tests.support.harness import run_gateway
 
     count = 1 if scenario.target == "direct" else replicas
     result = Result(scenario.name, backend, conversations, turns, count)
@@ -291,7 +291,9 @@ def run_scenario(
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.prefix",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--backend", choices=("sim", "llama", "vllm"), default="sim")
     parser.add_argument("--conversations", type=int)
@@ -300,7 +302,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, help="sequence slots per replica (llama-server -np)")
     parser.add_argument("--words", type=int, help="system prompt length in words (sim 600, engines 300)")
     parser.add_argument("--quick", action="store_true", help="a few conversations: under a minute")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefix.jsonl")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "prefix.jsonl")
     args = parser.parse_args()
     large = args.backend == "sim" and not args.quick
     conversations = args.conversations or (4 if args.quick else 100 if large else 10)

@@ -1,7 +1,9 @@
 """A bounded soak: does the gateway hold its memory and its latency over minutes of streaming?
 
-    python bench/soak.py                      # 10 minutes, 32 concurrent streams, half of them aborting
-    python bench/soak.py --duration 30 --warmup 5 --out soak.jsonl    # the CI form
+    python -m bench.soak                      # 10 minutes, 32 concurrent streams, half of them aborting
+    python -m bench.soak --duration 30 --warmup 10 --out soak.jsonl   # the CI form (tests/test_soak.py)
+
+Run from the repository root (`python -m` puts it on the import path).
 
 The gateway (`fleet-gateway serve`, core 0) runs in front of a simulated vLLM replica (its own
 process, core 1) that streams a short answer at 400 tokens/s. A load process keeps `--streams`
@@ -26,11 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.proxycost.host import BenchError, Processes, free_port, pin, rss_mb, wait_ready  # noqa: E402
-from bench.proxycost.report import percentile  # noqa: E402
+from bench.proxycost.constants import BENCH
+from bench.proxycost.host import BenchError, Processes, free_port, pin, rss_mb, wait_ready
+from bench.proxycost.report import percentile
 
 BODY = json.dumps(
     {
@@ -178,13 +178,13 @@ async def _drive(
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=600, help="seconds of load (default 600)")
     parser.add_argument("--warmup", type=float, default=60, help="seconds before RSS growth is counted")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--abort", type=float, default=0.5, help="share of streams whose client hangs up")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.jsonl")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "soak.jsonl")
     args = parser.parse_args()
     try:
         result = soak(args.duration, min(args.warmup, args.duration / 2), args.streams, args.abort)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent  # bench/: the upstream, the minimal proxy, results/
+BENCH = Path(__file__).resolve().parent.parent  # bench/: results/ lives here
 ROOT = BENCH.parent
 DEFAULT_OUT = BENCH / "results" / "gateway.jsonl"
 CHAT = "/v1/chat/completions"

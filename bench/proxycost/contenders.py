@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from bench.proxycost.bodies import SMALL_BODY, STREAM_BODY
-from bench.proxycost.constants import BENCH, CHAT, CHUNKS, MAX_BODY, ROOT
+from bench.proxycost.constants import CHAT, CHUNKS, MAX_BODY, ROOT
 from bench.proxycost.host import BenchError, Processes, free_port, pin, wait_ready
 from bench.proxycost.wrk import wrk_script
 
@@ -111,9 +111,9 @@ class Lineup:
     def start(self) -> None:
         upstream, hold, gateway_port = free_port(), free_port(), free_port()
         python = sys.executable
-        script = str(BENCH / "instant_upstream.py")
-        up = self.procs.start("upstream", [*pin(1), python, script, str(upstream), str(CHUNKS)])
-        held = self.procs.start("hold upstream", [*pin(1), python, script, str(hold), "--hold"])
+        instant = [python, "-m", "bench.instant_upstream"]
+        up = self.procs.start("upstream", [*pin(1), *instant, str(upstream), str(CHUNKS)])
+        held = self.procs.start("hold upstream", [*pin(1), *instant, str(hold), "--hold"])
         routes = self.tmp / "routes.yaml"
         routes.write_text(routes_yaml(upstream, hold))
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}  # shipped defaults
@@ -138,13 +138,7 @@ class Lineup:
         minimal = None
         if self.use_minimal:
             minimal_port = free_port()
-            minimal_argv = [
-                python,
-                str(BENCH / "minimal_proxy.py"),
-                str(minimal_port),
-                str(upstream),
-                str(hold),
-            ]
+            minimal_argv = [python, "-m", "bench.minimal_proxy", str(minimal_port), str(upstream), str(hold)]
             minimal = self.procs.start(
                 "minimal",
                 [*pin(0), *minimal_argv],

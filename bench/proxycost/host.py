@@ -50,6 +50,7 @@ class Processes:
 
     def start(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs.setdefault("cwd", ROOT)  # where `python -m bench.NAME` and `-m gateway` find their packages
         process = subprocess.Popen(argv, start_new_session=True, **kwargs)
         self.running.append((name, process))
         return process

@@ -1,6 +1,7 @@
 """The Python load clients, for what wrk cannot do (time to first token, held streams, varied
 requests, big bodies, the /health probe). They run as child processes pinned to core 1, through
-`bench/gateway.py --child KIND PARAMS`; the run talks to them with `call_child` and `read_line`."""
+`python -m bench.gateway --child KIND PARAMS` (from the repository root); the run talks to them
+with `call_child` and `read_line`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.proxycost.bodies import SYSTEM_PROMPT, chat_body, conversation_16k, image_body
-from bench.proxycost.constants import BENCH, MAX_BODY
+from bench.proxycost.constants import MAX_BODY, ROOT
 from bench.proxycost.host import BenchError, pin, raise_nofile
 
 PROBE_INTERVAL = 0.010
@@ -276,13 +277,13 @@ def run_child(kind: str, params: dict[str, Any]) -> None:
 
 
 def child_argv(kind: str, params: dict[str, Any]) -> list[str]:
-    # Through the entry point: this module, run as a script, could not import its own package.
-    return [*pin(1), sys.executable, str(BENCH / "gateway.py"), "--child", kind, json.dumps(params)]
+    """Through the entry point, as a module: run it with `cwd=ROOT` (`Processes.start` does)."""
+    return [*pin(1), sys.executable, "-m", "bench.gateway", "--child", kind, json.dumps(params)]
 
 
 def call_child(kind: str, params: dict[str, Any], timeout: float, against: str) -> dict[str, Any]:
     out = subprocess.run(
-        child_argv(kind, params), capture_output=True, text=True, timeout=timeout, check=False
+        child_argv(kind, params), capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT
     )
     if out.returncode != 0:
         raise BenchError(f"the {kind} client failed against {against}:\n{out.stderr[-2000:]}")

@@ -248,9 +248,7 @@ def scaled_summary(rec: Recorder) -> str:
         )
     if not lines:
         return ""
-    head = (
-        "targets scaled to this machine by the minimal proxy (bench/minimal_proxy.py), target x here / there:"
-    )
+    head = "targets scaled to this machine by the minimal proxy (bench.minimal_proxy), target x here / there:"
     return "\n".join([head, *lines])
 
 

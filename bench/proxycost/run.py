@@ -24,7 +24,7 @@ from bench.proxycost.wrk import WrkResult, run_wrk
 
 @dataclass
 class Plan:
-    """How much each phase runs: set from the command line by `plan_for` in bench/gateway.py."""
+    """How much each phase runs: set from the command line by `plan_for` in bench.gateway."""
 
     quick: bool
     rounds: int
