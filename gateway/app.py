@@ -285,10 +285,3 @@ def _reload(gateway: Gateway) -> None:
         gateway.reload()
     except TableError as exc:
         log.error("reload refused, the old routing table stays: %s", exc)
-
-
-def load_or_exit(settings: Settings) -> Table:
-    try:
-        return load_table(settings.routes)
-    except TableError as exc:
-        raise SystemExit(str(exc)) from None

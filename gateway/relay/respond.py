@@ -16,7 +16,7 @@ import orjson
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai import OPENAI
-from gateway.errors import MAX_MESSAGE, GatewayError, render
+from gateway.errors import MAX_MESSAGE, GatewayError
 from gateway.ops.exchange import Exchange
 from gateway.relay.sse import TRAP_COMMENT, SseRelay
 from gateway.types import Clock, Send
@@ -228,7 +228,3 @@ def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:
         if secret:
             message = message.replace(secret, "[redacted]")
     return _URL.sub("[address]", _CREDENTIAL.sub("[redacted]", message))
-
-
-def generic_error_body(message: str, code: str) -> bytes:
-    return render(message, "upstream_error", code)
