@@ -101,6 +101,20 @@ def test_warn_mode_logs_a_client_with_a_fresh_timestamp_once(
     assert "2026-12-02" not in lines[0] and "careful coding agent" not in lines[0]  # never the text
 
 
+def test_a_clients_session_name_is_never_logged_as_sent(
+    client: openai.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 15 items 2 and 4: the body's `user` is the client's text, of any length and content;
+    a newline in it forged a log line and an e-mail address was logged as is."""
+    user = "alice@example.com\nERROR gateway: forged " + "x" * 100_000
+    with caplog.at_level("WARNING", logger="gateway.pipeline.prefix"):
+        client.chat.completions.create(model="warned", messages=system("2026-12-02T12:00:00Z"), user=user)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.pipeline.prefix"]
+    assert len(lines) == 1, lines
+    assert "alice@example.com" not in lines[0] and "\n" not in lines[0] and "forged" not in lines[0]
+    assert len(lines[0]) < 400 and "/s:" in lines[0]  # a short hash names the session
+
+
 def test_move_mode_keeps_the_prefix_byte_stable_and_the_cache_hitting(
     client: openai.OpenAI, replicas: list[ThreadServer]
 ) -> None:
