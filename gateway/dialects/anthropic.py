@@ -14,12 +14,13 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects.answer import Answer, as_int, as_str
+from gateway.dialects.answer import Answer, as_int
 from gateway.dialects.base import Dialect, Note
 from gateway.dialects.openai import (
     any_image_part,
     client_chose_thinking,
     fix_thinking_kwarg,
+    read_openai_error,
     template_thinking_off,
 )
 from gateway.errors import BadRequest
@@ -60,17 +61,9 @@ class AnthropicDialect(Dialect):
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
     def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
-        error = payload.get("error") if isinstance(payload, dict) else None
-        if isinstance(error, dict):
-            message = error.get("message")
-            code = error.get("code")
-            return (
-                message if isinstance(message, str) else "",
-                as_str(error.get("type"), None),
-                code if isinstance(code, str | int) and not isinstance(code, bool) else None,
-                as_str(error.get("param"), None),
-            )
-        return "", None, None, None
+        # `{"type": "error", "error": {...}}` and OpenAI's `{"error": {...}}` (llama-server's
+        # answer on /v1/messages) hold the same fields under `error`.
+        return read_openai_error(payload)
 
     # --- answers --------------------------------------------------------------------------------
     def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
