@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.answer import Answer, as_int
-from gateway.dialects.base import Dialect, Note
+from gateway.dialects.base import Dialect, Note, optional, require_list
 from gateway.dialects.openai import (
     any_image_part,
     client_chose_thinking,
@@ -23,7 +23,6 @@ from gateway.dialects.openai import (
     read_openai_error,
     template_thinking_off,
 )
-from gateway.errors import BadRequest
 
 # The error types Anthropic's SDKs map to their exception classes, by HTTP status.
 _TYPES = {
@@ -89,15 +88,9 @@ class AnthropicDialect(Dialect):
 
     # --- requests -------------------------------------------------------------------------------
     def check(self, body: dict[str, Any], endpoint: str) -> None:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty array", param="messages")
-        system = body.get("system")
-        if system is not None and not isinstance(system, str | list):
-            raise BadRequest("'system' must be a string or an array of text blocks", param="system")
-        thinking = body.get("thinking")
-        if thinking is not None and not isinstance(thinking, dict):
-            raise BadRequest("'thinking' must be an object", param="thinking")
+        require_list(body, "messages")
+        optional(body, "system", (str, list), "a string or an array of text blocks")
+        optional(body, "thinking", dict, "an object")
 
     def has_images(self, body: dict[str, Any]) -> bool:
         return any_image_part(body.get("messages"), "content")

@@ -13,8 +13,23 @@ import re
 from typing import Any, ClassVar
 
 from gateway.dialects.answer import Answer
+from gateway.errors import BadRequest
 
 Note = tuple[str, str]  # (bounded metric label, text for x-gateway-rewrites)
+
+
+def require_list(body: dict[str, Any], key: str) -> None:
+    """`key` must be a non-empty array."""
+    value = body.get(key)
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"'{key}' must be a non-empty array", param=key)
+
+
+def optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> None:
+    """`key`, where present, must be of `kind` (`what` names it in the error)."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise BadRequest(f"'{key}' must be {what}", param=key)
 
 
 class Dialect:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.answer import Answer, as_int, as_str
-from gateway.dialects.base import Dialect, Note
+from gateway.dialects.base import Dialect, Note, optional, require_list
 from gateway.errors import BadRequest
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -96,17 +96,11 @@ class OpenAIDialect(Dialect):
     # --- requests -------------------------------------------------------------------------------
     def check(self, body: dict[str, Any], endpoint: str) -> None:
         if endpoint == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("'messages' must be a non-empty array", param="messages")
+            require_list(body, "messages")
         elif "prompt" not in body:
             raise BadRequest("'prompt' is required", param="prompt")
-        kwargs = body.get("chat_template_kwargs")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise BadRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-        options = body.get("stream_options")
-        if options is not None and not isinstance(options, dict):
-            raise BadRequest("'stream_options' must be an object", param="stream_options")
+        optional(body, "chat_template_kwargs", dict, "an object")
+        optional(body, "stream_options", dict, "an object")
 
     def has_images(self, body: dict[str, Any]) -> bool:
         """Structural: an image content part in any message. Never scans base64 data."""

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.answer import Answer, as_int, as_str
-from gateway.dialects.base import Dialect, Note
+from gateway.dialects.base import Dialect, Note, optional
 from gateway.dialects.openai import (
     any_image_part,
     client_chose_thinking,
@@ -82,9 +82,7 @@ class ResponsesDialect(Dialect):
         given = body.get("input")
         if not isinstance(given, str | list) or not given:
             raise BadRequest("'input' must be a non-empty string or array", param="input")
-        reasoning = body.get("reasoning")
-        if reasoning is not None and not isinstance(reasoning, dict):
-            raise BadRequest("'reasoning' must be an object", param="reasoning")
+        optional(body, "reasoning", dict, "an object")
 
     def has_images(self, body: dict[str, Any]) -> bool:
         return any_image_part(body.get("input"), "content")

@@ -273,8 +273,9 @@ class Proxy:
         task = requested_task(body, headers.get("x-task"))
         route = table.resolve(model, task, endpoint.dialect.has_images(body))
         preset, reason = route.preset, route.reason
-        able = [p for p in table.presets.values() if _serves(p, endpoint)]
-        if preset not in able:
+        if not _serves(preset, endpoint):
+            # Only on a miss: the scan of every preset stays off the common path.
+            able = [p for p in table.presets.values() if _serves(p, endpoint)]
             chosen = (model is not None and model != "auto") or task is not None
             if chosen or not able:
                 names = ", ".join(p.name for p in able) or "none"
