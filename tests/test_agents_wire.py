@@ -13,24 +13,18 @@ import openai
 import orjson
 import pytest
 
-from gateway.simulator import SimConfig, create_app
 from tests.support.harness import Running, eventually, run_gateway
-from tests.support.servers import ThreadServer
+from tests.support.servers import ThreadServer, sim_replica
 
 KEY = "fleet-test-key-1"
-
-
-def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:
-    config = SimConfig(engine=engine, model=model, time_scale=0, **knobs)  # type: ignore[arg-type]
-    return ThreadServer(create_app(config)).start()
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, ThreadServer]]:
     servers = {
-        "v": sim("vllm", "dense-served", context=4096),
-        "l": sim("llamacpp", "small-served", context=8192),
-        "e": sim("llamacpp", "embed-served", embeddings=True),
+        "v": sim_replica("vllm", "dense-served", context=4096),
+        "l": sim_replica("llamacpp", "small-served", context=8192),
+        "e": sim_replica("llamacpp", "embed-served", embeddings=True),
     }
     yield servers
     for server in servers.values():

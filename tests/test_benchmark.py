@@ -20,7 +20,6 @@ import pytest
 
 from gateway import __version__
 from gateway.cli import main
-from gateway.simulator import SimConfig, create_app
 from gateway.tools.benchmark import Bench, Client, Options, Target, discover, run_bench
 from gateway.tools.benchreport import (
     DIGITS,
@@ -36,7 +35,7 @@ from gateway.tools.benchreport import (
     parse_nvidia_smi,
 )
 from tests.support.harness import Running, run_gateway
-from tests.support.servers import ThreadServer, free_port
+from tests.support.servers import ThreadServer, free_port, sim_replica
 
 RESULT_KEYS = {
     "decode_tps",
@@ -66,8 +65,7 @@ RECORD_KEYS = {
 
 def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:
     # answer_tokens above the quick decode budget: the simulator ignores ignore_eos, the budget stops it.
-    config = SimConfig(engine=engine, model=model, time_scale=0.01, answer_tokens=64, **knobs)  # type: ignore[arg-type]
-    return ThreadServer(create_app(config)).start()
+    return sim_replica(engine, model, time_scale=0.01, answer_tokens=64, **knobs)
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.simulator import SimConfig, create_app
 from tests.support.harness import eventually, run_gateway
-from tests.support.servers import ThreadServer
+from tests.support.servers import sim_replica
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -86,16 +85,15 @@ RECORDED = (
 )
 
 
-def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:
-    return ThreadServer(create_app(SimConfig(engine=engine, model=model, time_scale=0, **knobs))).start()  # type: ignore[arg-type]
-
-
 @pytest.fixture(scope="module")
 def exposition() -> Iterator[str]:
     """/metrics of a gateway over a vLLM and a llama.cpp simulator, after a few requests: a stream,
     a repeat that hits the prefix cache, a timestamp in the system prompt (volatile content and
     prefix churn), a thinking trap and an unknown model."""
-    dense, thinker = sim("vllm", "dense-served"), sim("llamacpp", "thinker-served", reasoning_tokens=300)
+    dense, thinker = (
+        sim_replica("vllm", "dense-served"),
+        sim_replica("llamacpp", "thinker-served", reasoning_tokens=300),
+    )
     table = f"""
 defaults: {{prefix: {{volatile: warn}}}}
 presets:

@@ -13,23 +13,17 @@ import openai
 import orjson
 import pytest
 
-from gateway.simulator import SimConfig, create_app
 from tests.support.harness import Running, run_gateway
-from tests.support.servers import ThreadServer
-
-
-def sim(engine: str, model: str, **knobs: Any) -> ThreadServer:
-    config = SimConfig(engine=engine, model=model, time_scale=0, **knobs)  # type: ignore[arg-type]
-    return ThreadServer(create_app(config)).start()
+from tests.support.servers import ThreadServer, sim_replica
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, ThreadServer]]:
     servers = {
-        "d0": sim("vllm", "dense-served", context=4096),
-        "d1": sim("llamacpp", "dense-served", context=4096),
-        "vis": sim("vllm", "vision-served", thinking_default=False),
-        "think": sim("llamacpp", "thinker-served", reasoning_tokens=300),
+        "d0": sim_replica("vllm", "dense-served", context=4096),
+        "d1": sim_replica("llamacpp", "dense-served", context=4096),
+        "vis": sim_replica("vllm", "vision-served", thinking_default=False),
+        "think": sim_replica("llamacpp", "thinker-served", reasoning_tokens=300),
     }
     yield servers
     for server in servers.values():
@@ -194,7 +188,7 @@ def test_streaming_with_usage_requested_keeps_the_usage_chunk(client: openai.Ope
 
 def test_streaming_passes_events_through_as_they_arrive(fleet: dict[str, ThreadServer], gw: Running) -> None:
     """A stream of ~1 s: the first event must reach the client long before the last is generated."""
-    slow = sim("vllm", "dense-served", answer_tokens=20, decode_tps=20, thinking_default=False)
+    slow = sim_replica("vllm", "dense-served", answer_tokens=20, decode_tps=20, thinking_default=False)
     try:
         httpx2.post(slow.url + "/sim/config", json={"time_scale": 1})
         with run_gateway(table({**fleet, "d0": slow, "d1": slow})) as own:
@@ -281,7 +275,7 @@ def test_unknown_model_names_the_valid_ones(client: openai.OpenAI) -> None:
 
 
 def test_upstream_4xx_keeps_status_and_message(fleet: dict[str, ThreadServer]) -> None:
-    tiny = sim("llamacpp", "x", context=64)
+    tiny = sim_replica("llamacpp", "x", context=64)
     try:
         with run_gateway(table({**fleet, "think": tiny})) as own:
             client = openai.OpenAI(base_url=own.url + "/v1", api_key="unused", max_retries=0)
@@ -296,7 +290,7 @@ def test_upstream_4xx_keeps_status_and_message(fleet: dict[str, ThreadServer]) -
 
 
 def test_no_reachable_replica_is_503_with_retry_after(fleet: dict[str, ThreadServer]) -> None:
-    dead = sim("vllm", "x")
+    dead = sim_replica("vllm", "x")
     url = dead.url
     dead.stop()
     with run_gateway(table({**fleet, "vis": _Stub(url)})) as own:

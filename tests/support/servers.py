@@ -71,3 +71,11 @@ def serve(app: Any, port: int | None = None, **config: Any) -> Iterator[ThreadSe
         yield server
     finally:
         server.stop()
+
+
+def sim_replica(engine: str, model: str, **knobs: Any) -> ThreadServer:
+    """One simulated replica on 127.0.0.1, started; instant unless `time_scale` says otherwise."""
+    from gateway.simulator import SimConfig, create_app
+
+    config = SimConfig(engine=engine, model=model, **{"time_scale": 0, **knobs})  # type: ignore[arg-type]
+    return ThreadServer(create_app(config)).start()
