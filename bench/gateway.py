@@ -26,7 +26,6 @@ Run from the repository root (`python -m` puts it on the import path).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -41,9 +40,8 @@ from bench.proxycost.host import (
     PINNED,
     BenchError,
     Noise,
-    cpu_model,
-    git_commit,
     raise_nofile,
+    run_fields,
     terminate_cleanly,
 )
 from bench.proxycost.loadgen import run_child
@@ -124,17 +122,9 @@ def main() -> int:
     else:
         print("warning: no taskset or a single core: nothing is pinned", file=sys.stderr)
     raise_nofile()  # inherited by the gateway, nginx and the clients: 1,000 streams are 2,000+ sockets
-    sha, dirty = git_commit()
-    now = datetime.datetime.now(datetime.UTC)
     recorder = Recorder(
         {
-            "bench": "gateway",
-            "date": now.isoformat(timespec="seconds"),
-            "run": now.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}",
-            "machine": {"arch": platform.machine(), "nproc": nproc, "cpu": cpu_model()},
-            "commit": sha,
-            "dirty": dirty,
-            "mode": "quick" if plan.quick else "full",
+            **run_fields("gateway", nproc, plan.quick),
             "rounds": plan.rounds,
             "duration_s": plan.duration,
         }
@@ -179,7 +169,7 @@ def main() -> int:
     summary = scaled_summary(recorder)
     if summary:
         print("\n" + summary)
-    commit = sha + ("+dirty" if dirty else "")
+    commit = f"{recorder.common['commit']}" + ("+dirty" if recorder.common["dirty"] else "")
     print(
         f"\n{recorder.common['date']}  {platform.machine()}, {nproc} cores  commit {commit}"
         f"  {recorder.common['mode']}: {plan.rounds} round(s) x {plan.duration} s, {plan.streams} streams"

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
 import platform
@@ -66,8 +65,8 @@ from bench.proxycost.host import (
     cpu_model,
     cpu_seconds,
     free_port,
-    git_commit,
     pin,
+    run_fields,
     terminate_cleanly,
     wait_ready,
 )
@@ -559,16 +558,8 @@ def main() -> int:
         os.sched_setaffinity(0, {CORES[1]})  # this client and the replicas share core 1
     else:
         print("warning: no taskset or a single core: nothing is pinned", file=sys.stderr)
-    sha, dirty = git_commit()
-    now = datetime.datetime.now(datetime.UTC)
     common = {
-        "bench": "wire",
-        "date": now.isoformat(timespec="seconds"),
-        "run": now.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}",
-        "machine": {"arch": platform.machine(), "nproc": nproc, "cpu": cpu_model()},
-        "commit": sha,
-        "dirty": dirty,
-        "mode": "quick" if plan.quick else "full",
+        **run_fields("wire", nproc, plan.quick),
         "plan": {
             "rounds": plan.rounds,
             "warmup": plan.warmup,
@@ -612,7 +603,7 @@ def main() -> int:
         for line in lines:
             out.write(json.dumps({**common, **line, "wall_s": round(wall, 1), "noise": noise}) + "\n")
     print(table(cells, ratios))
-    commit = sha + ("+dirty" if dirty else "")
+    commit = f"{common['commit']}" + ("+dirty" if common["dirty"] else "")
     print(
         f"\n{common['date']}  {platform.machine()}, {nproc} cores ({cpu_model()})  commit {commit}"
         f"  {common['mode']}: {plan.rounds} round(s); per cell and round {plan.latency_requests} requests"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import platform
 import resource
@@ -200,3 +201,18 @@ def git_commit() -> tuple[str, bool]:
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
     return sha or "unknown", bool(dirty)
+
+
+def run_fields(bench: str, nproc: int, quick: bool) -> dict[str, object]:
+    """What every benchmark's JSON lines start with: which run, when, on what, at which commit."""
+    sha, dirty = git_commit()
+    now = datetime.datetime.now(datetime.UTC)
+    return {
+        "bench": bench,
+        "date": now.isoformat(timespec="seconds"),
+        "run": now.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}",
+        "machine": {"arch": platform.machine(), "nproc": nproc, "cpu": cpu_model()},
+        "commit": sha,
+        "dirty": dirty,
+        "mode": "quick" if quick else "full",
+    }
