@@ -28,6 +28,8 @@ from gateway.errors import GatewayError, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
+from gateway.mcp.server import PATH as MCP_PATH
+from gateway.mcp.server import McpEndpoint
 from gateway.ops import catalogue, status
 from gateway.ops.accesslog import AccessLog
 from gateway.ops.exchange import Exchange
@@ -42,6 +44,7 @@ log = logging.getLogger("gateway")
 
 UI_PAGE = Path(__file__).parent / "ops" / "ui" / "index.html"
 NO_STORE = {"cache-control": "no-store"}
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -77,6 +80,11 @@ class Gateway:
         self.recent.record(ex)
         self.access_log.write(ex)
 
+    def speeds(self) -> dict[str, float | None]:
+        """Each preset's decode speed over the recent window, as the status page shows it."""
+        measured = self.recent.decode_speeds()
+        return {name: measured.get(name) for name in self.fleet.pools}
+
     def reload(self) -> Table:
         """Validate first, keep the old table on error, then swap atomically."""
         table = load_table(self.settings.routes)
@@ -110,6 +118,14 @@ def build_gateway(
 
 
 def create_app(gateway: Gateway) -> Any:
+    settings = gateway.settings
+    mcp = McpEndpoint(
+        gateway.proxy.handle,
+        lambda: gateway.fleet,
+        gateway.speeds,
+        loopback_open=not settings.keys() and settings.host in LOOPBACK,
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         # Discovery and the first probe round run before serving, so early requests see real state.
@@ -125,7 +141,8 @@ def create_app(gateway: Gateway) -> Any:
             # Only in the main thread of a real process; tests run servers in threads.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload, gateway)
         try:
-            yield {"gateway": gateway}
+            async with mcp.running():
+                yield {"gateway": gateway}
         finally:
             for task in (probing, discovering):
                 if task is not None:
@@ -154,9 +171,10 @@ def create_app(gateway: Gateway) -> Any:
     )
     # A 307 to the client's own Host header is a redirect the client controls: never.
     app.router.redirect_slashes = False
-    settings = gateway.settings
     record, clock = gateway.record, gateway.clock
-    dispatch = Dispatch(gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock)
+    dispatch = Dispatch(
+        gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock, mounts={MCP_PATH: mcp}
+    )
     authorised = KeyAuth(dispatch, settings.keys(), record, clock)
     return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count, record, clock)
 

@@ -8,7 +8,7 @@ request; the proxy needs none of it (it is a raw ASGI handler with its own error
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.dialects.registry import Endpoint, for_path, stored_id
 from gateway.edge.reject import Recorder, reject
@@ -33,7 +33,9 @@ class Dispatch:
         fallback: ASGIApp,
         record: Recorder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        mounts: Mapping[str, ASGIApp] | None = None,
     ) -> None:
+        self.mounts = dict(mounts or {})  # whole ASGI apps at one exact path (/mcp)
         self.handle = handle
         self.stored = stored
         self.fallback = fallback
@@ -42,6 +44,10 @@ class Dispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            mounted = self.mounts.get(scope["path"])
+            if mounted is not None:
+                await mounted(scope, receive, send)
+                return
             endpoint = for_path(scope["path"])
             if endpoint is not None:
                 if scope["method"] == "POST":

@@ -26,6 +26,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "ts": round(time.time(), 3),
         "request_id": ex.request_id,
         "endpoint": ex.endpoint,
+        "tool": ex.tool or None,
         "client": ex.client,
         "preset": ex.preset,
         "route": ex.route or None,

@@ -21,7 +21,7 @@ def capabilities(preset: Preset) -> list[str]:
     return found
 
 
-def _context(fleet: Fleet, preset: Preset) -> int | None:
+def context_length(fleet: Fleet, preset: Preset) -> int | None:
     # The smallest replica's context: a request sized for it fits on every replica.
     known = [r.context for r in fleet.pools[preset.name].replicas if r.context]
     return min(known) if known else None
@@ -37,7 +37,7 @@ def preset_card(fleet: Fleet, preset: Preset) -> Json:
         "aliases": list(preset.aliases),
         "vision": preset.vision,
         "capabilities": capabilities(preset),
-        "context_length": _context(fleet, preset),
+        "context_length": context_length(fleet, preset),
         "max_tokens": preset.max_tokens,
         "ready": fleet.pools[preset.name].ready(),
     }

@@ -18,6 +18,7 @@ class Exchange:
     request_id: str
     endpoint: str
     started: float
+    tool: str = ""  # the MCP tool a request ran for (endpoint "mcp")
     client: str = ""
     preset: str = "unknown"
     route: str = ""

@@ -50,6 +50,12 @@ class Metrics:
             ["endpoint", "status"],
             registry=registry,
         )
+        self.tools = Counter(
+            "gateway_mcp_tool_calls",
+            "MCP tool calls that ran a request on the fleet, by tool and status class.",
+            ["tool", "status"],
+            registry=registry,
+        )
         self.duration = Histogram(
             "gateway_request_duration_seconds",
             "From the request's arrival to the last byte sent.",
@@ -153,6 +159,8 @@ class Metrics:
             self.requests, preset, replica, ex.engine or "none", ex.status_class, ex.route or "none"
         ).inc()
         self._child(self.endpoints, ex.endpoint, ex.status_class).inc()
+        if ex.tool:
+            self._child(self.tools, ex.tool, ex.status_class).inc()
         if ex.finished is not None:
             self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
         if ex.upstream_sent is not None:

@@ -87,6 +87,14 @@ class Recent:
         horizon = self._clock() - WINDOW
         return [s for s in self.samples if s.at >= horizon]
 
+    def decode_speeds(self) -> dict[str, float]:
+        """Mean decode tokens/s per preset over the window, where any answer measured it."""
+        found: dict[str, list[float]] = {}
+        for sample in self.window():
+            if sample.decode_tps is not None:
+                found.setdefault(sample.preset, []).append(sample.decode_tps)
+        return {preset: round(sum(v) / len(v), 1) for preset, v in found.items()}
+
 
 def summarise(samples: Iterable[Sample], seconds: float = 60.0, now: float | None = None) -> dict[str, Any]:
     """Figures over a set of samples: the rate is over the last `seconds`, the rest over all of them."""

@@ -101,9 +101,11 @@ class Proxy:
     def _exchange(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Exchange:
         given_id = headers.get("x-request-id")
         client = scope.get("client")
+        tool = scope.get("gateway.tool")  # an MCP tool call, run in process on this path
         return Exchange(
             request_id=given_id if given_id and _REQUEST_ID.match(given_id) else next(self._ids),
-            endpoint=endpoint.name,
+            endpoint="mcp" if tool else endpoint.name,
+            tool=tool or "",
             started=self.ctx.clock(),
             client=client[0] if client else "",
             client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),

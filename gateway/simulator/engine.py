@@ -375,6 +375,7 @@ def prepare_body(
         thinking = _thinking(cfg, body)
         tool = _pick_tool(cfg, body, messages, guess_tools)
         scripted = script.detect(messages, tools, body.get("tool_choice", "auto"))
+        scripted = scripted or script.structured(body)
         prompt = render_chat(cfg, messages, tools, thinking).encode()
     else:
         raw_prompt = body.get("prompt")

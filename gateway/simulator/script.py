@@ -110,3 +110,44 @@ def _after_last_assistant(messages: list[Json]) -> int:
         if messages[index].get("role") == "assistant":
             return index + 1
     return 0
+
+
+def schema_instance(schema: Any) -> Any:
+    """A small value that satisfies a JSON Schema's common keywords: what the simulator answers to a
+    `response_format` of type `json_schema`, as the engines' constrained decoding would."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            return {}
+        return {name: schema_instance(sub) for name, sub in props.items()}
+    if kind == "array":
+        return [schema_instance(schema.get("items", {}))] * int(schema.get("minItems", 1) or 0)
+    if kind == "string":
+        return "x" * int(schema.get("minLength", 4) or 0)
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 1)
+    if kind == "boolean":
+        return True
+    return None
+
+
+def structured(body: Json) -> Script | None:
+    """The echo plan for a request with a JSON-schema `response_format`, else None."""
+    form = body.get("response_format")
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        return None
+    spec = form.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return Script(echo=json.dumps(schema_instance(schema), separators=(",", ":")))
