@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     connect.add_argument("--key", help="a gateway key, to read its model catalogue")
     connect.add_argument("--routes", type=Path, help="routing table (default: as for serve)")
 
+    bridge = commands.add_parser("mcp", help="serve the gateway's /mcp tools over stdio (an MCP bridge)")
+    bridge.add_argument(
+        "--url", help="the gateway (default: http://$GATEWAY_HOST:$GATEWAY_PORT, else the local one)"
+    )
+    bridge.add_argument("--key", help="a gateway key (default: $GATEWAY_KEY)")
+
     bench = commands.add_parser(
         "bench", help="measure each preset: decode rate, TTFT cold and cached, parallel, tools, images"
     )
@@ -82,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.tools.benchmark import bench_command
 
         return bench_command(args)
+    if args.command == "mcp":
+        # stdout is the protocol: no log line may reach it.
+        from gateway.mcp.bridge import bridge_command
+
+        return bridge_command(args.url or _local_url(), args.key or os.environ.get("GATEWAY_KEY"))
     settings = Settings()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -97,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gateway.tools.demo import run_demo
 
     return run_demo(settings.model_copy(update={"host": args.host, "port": args.port}))
+
+
+def _local_url() -> str:
+    host = os.environ.get("GATEWAY_HOST", "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{os.environ.get('GATEWAY_PORT', '18000')}"
 
 
 def _positive(text: str) -> int:

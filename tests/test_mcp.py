@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
+import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -245,3 +247,43 @@ async def test_cancellation_closes_the_upstream_request(gw: Running, fleet: dict
         assert await until(lambda: active() == 0)
     entry = eventually(lambda: mcp_log(gw, "delegate") and mcp_log(gw, "delegate")[-1], timeout=10)
     assert entry["outcome"] == "client_disconnected"
+
+
+@pytest.mark.anyio
+async def test_the_stdio_bridge_forwards_tools_and_calls(gw: Running) -> None:
+    from pathlib import Path
+
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    repo = Path(__file__).resolve().parents[1]
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "gateway", "mcp", "--url", gw.url],
+        env={"GATEWAY_KEY": KEY, "PYTHONPATH": str(repo)},
+        cwd=str(repo),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        listed = await client.list_tools()
+        result = await client.call_tool("delegate", {"task": "code", "prompt": "hi"})
+    assert {tool.name for tool in listed.tools} == {"delegate", "extract", "look", "fleet_status"}
+    assert not result.is_error, text(result)
+    assert result.structured_content and result.structured_content["preset"] == "dense"
+
+
+@pytest.mark.anyio
+async def test_the_stdio_bridge_without_the_key_says_why(gw: Running) -> None:
+    import subprocess
+
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, "-m", "gateway", "mcp", "--url", gw.url],
+            input=b"",
+            capture_output=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "GATEWAY_KEY"},
+        )
+    )
+    assert done.returncode == 1
+    assert b"cannot bridge" in done.stderr and b"Traceback" not in done.stderr
+    assert done.stdout == b""
