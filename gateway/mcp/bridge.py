@@ -62,7 +62,7 @@ def bridge_command(url: str, key: str | None) -> int:
         anyio.run(bridge, url, key)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - one line for the operator, never a trace on stdout
+    except Exception as exc:  # one line for the operator, never a trace on stdout
         print(f"fleet-gateway mcp: cannot bridge to {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
