@@ -344,3 +344,17 @@ def test_wire_bodies_are_shaped_like_the_agents() -> None:
         else:
             assert "tool_use" not in blocks and "function_call" not in items
     assert build("messages", "late", "m") == build("messages", "late", "m")  # the same bytes every run
+
+
+# --- bench.mcp: a delegation over MCP beside the same request as chat completions ----------------
+
+
+def test_mcp_bench_reports_both_paths_and_their_ratio(tmp_path: Path) -> None:
+    lines, stdout = run_module(["bench.mcp", "--quick"], tmp_path / "mcp.jsonl", timeout=120)
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["bench"] == "mcp" and line["mode"] == "quick" and line["requests"] == 20
+    for path in ("mcp", "chat"):
+        assert finite_positive(line[path]["p50_ms"]) and line[path]["p95_ms"] >= line[path]["p50_ms"]
+    assert finite_positive(line["ratio_p50"])
+    assert "delegate / chat completions" in stdout
