@@ -76,7 +76,7 @@ DELEGATE_RESULT = {
 
 def _speed(preset: str, speeds: Mapping[str, float | None]) -> str:
     tps = speeds.get(preset)
-    return f", decoding ~{tps:.0f} tokens/s lately" if tps else ""
+    return f"; decodes ~{tps:.0f} tokens/s lately" if tps else ""
 
 
 def _presets(table: Table, speeds: Mapping[str, float | None]) -> str:
@@ -91,9 +91,10 @@ def _presets(table: Table, speeds: Mapping[str, float | None]) -> str:
         if preset.thinking:
             traits.append("thinks before answering (slower, for hard problems)")
         tasks = ", ".join(sorted(tasks_of.get(name, []))) or "none"
+        about = f" {preset.description.rstrip('.')}." if preset.description else ""
         lines.append(
-            f"- {name} ({preset.served_model}): tasks {tasks}{'; ' if traits else ''}{', '.join(traits)}"
-            f"{_speed(name, speeds)}"
+            f"- {name} ({preset.served_model}):{about} Tasks: {tasks}"
+            f"{'; ' if traits else ''}{', '.join(traits)}{_speed(name, speeds)}"
         )
     return "\n".join(lines)
 

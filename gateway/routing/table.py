@@ -155,6 +155,8 @@ class _Inherited(_Strict):
 
 class PresetSpec(_Inherited):
     served_model: str = Field(min_length=1)
+    # What the preset is good at, in a sentence: the MCP tools' descriptions quote it to orchestrators.
+    description: str = Field(default="", max_length=300)
     aliases: list[str] = Field(default_factory=list)
     vision: bool = False
     embeddings: bool = False  # its replicas serve /v1/embeddings (a pooling model, --embeddings)
@@ -210,6 +212,7 @@ class Preset:
     params: Mapping[str, Any]
     replicas: tuple[ReplicaSpec, ...]
     discover: Discover | None
+    description: str = ""
 
 
 class Route(NamedTuple):
@@ -399,6 +402,7 @@ def _resolve_preset(name: str, defaults: _Inherited, spec: PresetSpec) -> Preset
         params={**(defaults.params or {}), **(spec.params or {})},
         replicas=tuple(spec.replicas),
         discover=spec.discover,
+        description=spec.description,
     )
 
 
