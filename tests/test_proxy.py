@@ -130,12 +130,12 @@ def test_the_replica_sees_only_the_keys_the_gateway_owns_changed(
     sent = last_body(replica)
     assert sent["model"] == "dense-served" and "task" not in sent
     assert sent["chat_template_kwargs"] == {"enable_thinking": False}
-    assert sent["max_tokens"] == 1024  # raised to the floor
+    assert sent["max_tokens"] == 200  # thinking is off: the floor protects nothing here
     assert sent["temperature"] == 0.6 and sent["seed"] == 7
     assert "stream_options" not in sent  # vLLM answers 400 to stream_options without stream
     assert orjson.dumps(sent["messages"]) == orjson.dumps(messages)
     assert orjson.dumps(sent["tools"]) == orjson.dumps(tools)  # key order inside parameters kept
-    assert raw.headers["x-gateway-rewrites"] == "thinking=off,max_tokens=200->1024,params=temperature"
+    assert raw.headers["x-gateway-rewrites"] == "thinking=off,params=temperature"
 
 
 def test_the_clients_own_enable_thinking_wins(client: openai.OpenAI, fleet: dict[str, ThreadServer]) -> None:
@@ -240,7 +240,8 @@ def test_completions_endpoint(client: openai.OpenAI, fleet: dict[str, ThreadServ
     raw = client.completions.with_raw_response.create(model="vision", prompt="Once upon a time", max_tokens=5)
     assert raw.parse().choices[0].text
     sent = last_body(fleet["vis"])
-    assert "chat_template_kwargs" not in sent and sent["max_tokens"] == 1024
+    # No chat template, so no thinking: the client's small budget stands.
+    assert "chat_template_kwargs" not in sent and sent["max_tokens"] == 5
 
 
 @pytest.mark.parametrize(

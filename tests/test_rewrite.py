@@ -27,10 +27,14 @@ presets:
     thinking: true
     min_max_tokens: 0
     replicas: [{name: c, url: "http://127.0.0.1:3", engine: llamacpp}]
+  deep:
+    served_model: served-deep
+    thinking: true
+    replicas: [{name: d, url: "http://127.0.0.1:4", engine: vllm}]
 routing: {default: plain}
 """
 )
-PLAIN, TUNED, THINKER = (TABLE.presets[n] for n in ("plain", "tuned", "thinker"))
+PLAIN, TUNED, THINKER, DEEP = (TABLE.presets[n] for n in ("plain", "tuned", "thinker", "deep"))
 
 
 def chat(**extra: Any) -> dict[str, Any]:
@@ -84,16 +88,27 @@ def test_completions_get_no_chat_template_kwargs() -> None:
     [
         (PLAIN, {}, {"max_tokens": 8192}, "max_tokens=8192"),
         (TUNED, {}, {"max_tokens": 32768}, "max_tokens=32768"),
-        (PLAIN, {"max_tokens": 200}, {"max_tokens": 1024}, "max_tokens=200->1024"),
-        (PLAIN, {"max_tokens": 5000}, {"max_tokens": 5000}, None),
+        # The floor guards a budget thinking would eat: a thinking preset raises a small budget...
+        (DEEP, {"max_tokens": 200}, {"max_tokens": 1024}, "max_tokens=200->1024"),
+        (DEEP, {"max_tokens": 5000}, {"max_tokens": 5000}, None),
         (
-            PLAIN,
+            DEEP,
             {"max_completion_tokens": 10},
             {"max_completion_tokens": 1024},
             "max_completion_tokens=10->1024",
         ),
+        # ...a preset that turns thinking off leaves a classification's max_tokens=5 alone...
+        (PLAIN, {"max_tokens": 5}, {"max_tokens": 5}, None),
+        # ...and so does a thinking preset when the client itself turned thinking off.
         (
-            PLAIN,
+            DEEP,
+            {"max_tokens": 5, "chat_template_kwargs": {"enable_thinking": False}},
+            {"max_tokens": 5},
+            None,
+        ),
+        (DEEP, {"max_tokens": 5, "reasoning_effort": "none"}, {"max_tokens": 5}, None),
+        (
+            DEEP,
             {"max_tokens": 10, "max_completion_tokens": 3000},
             {"max_tokens": 10, "max_completion_tokens": 3000},
             None,
@@ -101,7 +116,7 @@ def test_completions_get_no_chat_template_kwargs() -> None:
         (THINKER, {"max_tokens": 10}, {"max_tokens": 10}, None),  # min_max_tokens 0 leaves it
     ],
 )
-def test_max_tokens(preset: Any, given_: dict[str, int], expected: dict[str, int], note: str | None) -> None:
+def test_max_tokens(preset: Any, given_: dict[str, Any], expected: dict[str, int], note: str | None) -> None:
     body = chat(**given_)
     plan = rewrite(body, preset, "chat", want_usage=False)
     assert {k: body[k] for k in expected} == expected

@@ -385,6 +385,7 @@ CHAT_SCHEMA = {
         },
         "stop": {"type": "array", "items": TEXT, "maxItems": 3},
         "user": TEXT,
+        "reasoning_effort": {"enum": ["none", "low", "high"]},
         "seed": {"type": "integer", "minimum": 0, "maximum": 2**31},
     },
     "required": ["model", "messages"],
@@ -440,7 +441,13 @@ def test_case_29_rewrite_invariants(body: dict[str, Any], context: int | None) -
     )
     budget = forwarded[token_key or "max_tokens"]
     wanted = original[token_key] if token_key else preset.max_tokens
-    wanted = max(wanted, preset.min_max_tokens)
+    # The floor guards a budget that thinking would eat; a request that does not think keeps its own.
+    thinks = (
+        forwarded.get("chat_template_kwargs", {}).get("enable_thinking") is not False
+        and forwarded.get("reasoning_effort") != "none"
+    )
+    if thinks:
+        wanted = max(wanted, preset.min_max_tokens)
     assert budget == (min(wanted, context) if context else wanted)
     again = orjson.loads(orjson.dumps(body))
     rewrite(again, preset, "chat", want_usage=True)

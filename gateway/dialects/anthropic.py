@@ -95,6 +95,11 @@ class AnthropicDialect(Dialect):
     def has_images(self, body: dict[str, Any]) -> bool:
         return any_image_part(body.get("messages"), "content")
 
+    def thinks(self, body: dict[str, Any]) -> bool:
+        thinking = body.get("thinking")
+        disabled = isinstance(thinking, dict) and thinking.get("type") == "disabled"
+        return super().thinks(body) and not disabled
+
     def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
         fixed = fix_thinking_kwarg(body)
         if fixed:

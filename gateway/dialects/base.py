@@ -77,6 +77,12 @@ class Dialect:
         """Apply the preset's thinking setting; the client's own choice wins unless `override`."""
         return []
 
+    def thinks(self, body: dict[str, Any]) -> bool:
+        """Whether the request, as it will be sent, leaves thinking on: the template switch both
+        engines read is not off (each dialect adds its own spelling of "off")."""
+        kwargs = body.get("chat_template_kwargs")
+        return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
+
     def default_budget_key(self, endpoint: str) -> str:
         return self.token_keys[-1]
 

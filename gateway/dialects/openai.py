@@ -106,6 +106,9 @@ class OpenAIDialect(Dialect):
         """Structural: an image content part in any message. Never scans base64 data."""
         return any_image_part(body.get("messages"), "content")
 
+    def thinks(self, body: dict[str, Any]) -> bool:
+        return super().thinks(body) and body.get("reasoning_effort") != "none"
+
     def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
         fixed = fix_thinking_kwarg(body)
         if fixed:

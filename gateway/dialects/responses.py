@@ -87,6 +87,11 @@ class ResponsesDialect(Dialect):
     def has_images(self, body: dict[str, Any]) -> bool:
         return any_image_part(body.get("input"), "content")
 
+    def thinks(self, body: dict[str, Any]) -> bool:
+        reasoning = body.get("reasoning")
+        off = isinstance(reasoning, dict) and reasoning.get("effort") == "none"
+        return super().thinks(body) and not off
+
     def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
         fixed = fix_thinking_kwarg(body)
         if fixed:

@@ -28,8 +28,8 @@ def _server(upstream: ClientSession) -> Server[Any]:
         return await upstream.list_tools()
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        async def progress(value: float, total: float | None, message: str | None) -> None:
-            await ctx.session.report_progress(value, total, message)
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.session.report_progress(progress, total, message)
 
         try:
             return await upstream.call_tool(params.name, params.arguments or {}, progress_callback=progress)

@@ -110,7 +110,10 @@ def _budget(body: dict[str, Any], preset: Preset, plan: Plan, spec: Endpoint) ->
         plan.notes.append(("max_tokens_set", f"{key}={preset.max_tokens}"))
         return
     value = body[key]
-    if preset.min_max_tokens and value < preset.min_max_tokens:
+    # The floor only protects a budget that thinking would eat: a request that does not think
+    # (thinking off, or an endpoint without a chat template) keeps its own small max_tokens.
+    thinks = spec.thinks and spec.dialect.thinks(body)
+    if thinks and preset.min_max_tokens and value < preset.min_max_tokens:
         body[key] = preset.min_max_tokens
         plan.notes.append(("max_tokens_raised", f"{key}={value}->{preset.min_max_tokens}"))
 
