@@ -56,7 +56,7 @@ routing: {{default: m}}
 async def stream_once(port: int, abort: bool) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         writer.write(head + b"content-length: %d\r\n\r\n" % len(BODY) + BODY)
         received = b""
         while b"data: [DONE]" not in received and b'"error"' not in received:
@@ -91,7 +91,7 @@ async def probe(port: int, until: float) -> list[float]:
     while time.monotonic() < until:
         started = time.monotonic()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        writer.write(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         await reader.read()
         writer.close()
         lags.append((time.monotonic() - started) * 1000)

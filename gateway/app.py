@@ -16,11 +16,13 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.auth import KeyAuth
+from gateway.edge.browser import BrowserGuard, allowed_hosts
 from gateway.edge.dispatch import Dispatch, MethodNotAllowed
 from gateway.edge.guard import HeaderLimits
 from gateway.edge.reject import reject
@@ -123,7 +125,6 @@ def create_app(gateway: Gateway) -> Any:
         gateway.proxy.handle,
         lambda: gateway.fleet,
         gateway.speeds,
-        loopback_open=not settings.keys() and settings.host in LOOPBACK,
     )
 
     @contextlib.asynccontextmanager
@@ -175,8 +176,29 @@ def create_app(gateway: Gateway) -> Any:
     dispatch = Dispatch(
         gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock, mounts={MCP_PATH: mcp}
     )
-    authorised = KeyAuth(dispatch, settings.keys(), record, clock)
-    return HeaderLimits(authorised, settings.max_header_bytes, settings.max_header_count, record, clock)
+    keys = settings.keys()
+    authorised = KeyAuth(dispatch, keys, record, clock)
+    guarded = BrowserGuard(
+        authorised,
+        open_mode=not keys,
+        loopback=settings.host in LOOPBACK,
+        hosts=allowed_hosts(settings.allowed_hosts),
+        record=record,
+        clock=clock,
+    )
+    edge: Any = HeaderLimits(guarded, settings.max_header_bytes, settings.max_header_count, record, clock)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:
+        # Outermost: a preflight carries no key and must be answered before auth.
+        edge = CORSMiddleware(
+            edge,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "x-gateway-preset", "x-gateway-replica", "x-gateway-rewrites"],
+            max_age=600,
+        )
+    return edge
 
 
 def metrics_app(gateway: Gateway) -> Any:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 from typing import Any
 
 import uvicorn
 
 from gateway.app import Gateway, metrics_app
+from gateway.edge.connection import EdgeLimits, edge_protocol
 
 log = logging.getLogger("gateway")
 
@@ -22,6 +24,25 @@ SERVER_OPTIONS: dict[str, Any] = {
     "server_header": False,  # nothing about the stack behind it
     "proxy_headers": False,  # X-Forwarded-For from clients is never trusted; the gateway sets its own
 }
+
+
+def server_options(gateway: Gateway) -> dict[str, Any]:
+    """SERVER_OPTIONS with the protocol that bounds request heads and connections for this gateway."""
+    s = gateway.settings
+    limits = EdgeLimits(s.header_timeout, s.max_header_bytes, s.max_header_count, s.max_connections)
+    return {**SERVER_OPTIONS, "http": edge_protocol(limits, gateway.record)}
+
+
+def raise_file_limit(wanted: int) -> None:
+    """Every connection is a descriptor: a soft limit of 256 or 1024 (common defaults) would refuse
+    sockets long before `max_connections` does, so lift the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # pragma: no cover - a sandbox that forbids it keeps its limit
+            log.warning("could not raise the open-file limit from %d", soft)
 
 
 def uvicorn_config(app: Any, host: str, port: int, **overrides: Any) -> uvicorn.Config:
@@ -67,8 +88,14 @@ async def run(gateway: Gateway, app: Any, banner: str | None = None) -> None:
             "no GATEWAY_API_KEYS set and listening on %s: anyone who can reach it can use the fleet",
             settings.host,
         )
+    # Descriptors for the client sockets, one upstream socket each, and some to spare.
+    raise_file_limit(2 * settings.max_connections + 256)
     config = uvicorn_config(
-        app, settings.host, settings.port, timeout_graceful_shutdown=settings.drain_seconds
+        app,
+        settings.host,
+        settings.port,
+        timeout_graceful_shutdown=settings.drain_seconds,
+        **server_options(gateway),
     )
     servers = [uvicorn.Server(config)]
     if settings.metrics_port:

@@ -25,13 +25,25 @@ class Settings(BaseSettings):
     # httptools accepts headers of any size; Envoy's edge limits are 60 KiB and 100 fields.
     max_header_bytes: int = Field(64 * 1024, ge=1024)
     max_header_count: int = Field(100, ge=8)
+    # From a request's first byte to the end of its headers; a client that trickles them is cut off.
+    header_timeout: float = Field(10.0, gt=0)
+    # Open sockets beyond this are refused with a 503 before anything is read from them.
+    max_connections: int = Field(4096, ge=1)
     # A streaming client that stops reading for this long is cut off, and so is its replica.
     write_timeout: float = Field(30.0, gt=0)
+    # A replica's answer held in memory: one SSE event until its blank line, a whole non-streaming
+    # answer. Past either, the client gets the error event (or a 502), not a gateway out of memory.
+    max_event_bytes: int = Field(16 * 1024 * 1024, ge=4096)
+    max_answer_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     # Bodies above this are parsed and serialised on a worker thread so the event loop keeps serving.
     offload_bytes: int = Field(1024 * 1024, ge=0)
     # Comma-separated gateway keys; or a file with one key per line. None configured = open gateway.
     api_keys: str = ""
     api_keys_file: Path | None = None
+    # Comma-separated Host names served besides loopback ones (`*`: any); see gateway/edge/browser.py.
+    allowed_hosts: str = ""
+    # Comma-separated browser origins granted CORS (e.g. a web UI on another port); none by default.
+    cors_origins: str = ""
     # /metrics on its own port (0 = served on the main port, behind the API key when keys are set).
     metrics_port: int = 0
     drain_seconds: float = Field(30.0, ge=0)

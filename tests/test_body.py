@@ -1,9 +1,12 @@
+import gzip
+import os
+import zlib
 from typing import Any
 
 import pytest
 
-from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge
-from gateway.pipeline.body import ClientGone, has_images, parse_object, read_body
+from gateway.errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
+from gateway.pipeline.body import MAX_RATIO, ClientGone, decompress, has_images, parse_object, read_body
 
 
 @pytest.mark.parametrize(
@@ -102,3 +105,51 @@ async def test_a_body_that_never_ends_times_out() -> None:
 async def test_a_client_that_leaves_while_sending() -> None:
     with pytest.raises(ClientGone):
         await read_body(feeder({"type": "http.disconnect"}), None, 10, 1)
+
+
+# --- Content-Encoding (issue 15 item 11) -----------------------------------------------------------
+
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"hello " * 200 + b'"}]}'
+
+
+@pytest.mark.parametrize(
+    "pack",
+    [
+        lambda data: gzip.compress(data),
+        lambda data: zlib.compress(data),  # "deflate" as RFC 1950 says (zlib framing)
+        lambda data: zlib.compress(data)[2:-4],  # "deflate" as many clients send it (raw)
+    ],
+    ids=["gzip", "deflate-zlib", "deflate-raw"],
+)
+def test_compressed_bodies_are_inflated(pack: Any) -> None:
+    encoding = "gzip" if pack(b"x")[:2] == b"\x1f\x8b" else "deflate"
+    assert decompress(pack(BODY), encoding, limit=1 << 20) == BODY
+
+
+def test_identity_and_no_encoding_pass_through() -> None:
+    assert decompress(BODY, "identity", 10) is BODY
+    assert decompress(BODY, "", 10) is BODY
+
+
+def test_a_bomb_stops_at_the_ratio_cap_without_inflating_it_whole() -> None:
+    bomb = gzip.compress(b"\0" * (64 << 20))  # 64 MiB of zeros in ~64 KiB
+    with pytest.raises(RequestTooLarge) as caught:
+        decompress(bomb, "gzip", limit=32 << 20)
+    assert caught.value.status == 413 and f"{MAX_RATIO}x" in caught.value.message
+
+
+def test_the_body_limit_holds_after_inflating() -> None:
+    data = os.urandom(4096).hex().encode()  # barely compressible: the ratio is not what stops it
+    with pytest.raises(RequestTooLarge):
+        decompress(gzip.compress(data), "gzip", limit=4096)
+
+
+@pytest.mark.parametrize(
+    ("raw", "encoding", "status"),
+    [(b"not gzip", "gzip", 400), (gzip.compress(BODY)[:-10], "gzip", 400), (BODY, "br", 415)],
+    ids=["garbage", "truncated", "brotli"],
+)
+def test_bad_or_unknown_encodings_are_client_errors(raw: bytes, encoding: str, status: int) -> None:
+    with pytest.raises(GatewayError) as caught:
+        decompress(raw, encoding, limit=1 << 20)
+    assert caught.value.status == status

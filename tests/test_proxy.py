@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -335,3 +337,64 @@ def test_models_health_ready_and_metrics(gw: Running, client: openai.OpenAI) -> 
 def test_other_paths_and_methods(gw: Running, method: str, path: str, status: int) -> None:
     response = httpx2.request(method, gw.url + path)
     assert response.status_code == status and "error" in response.json()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_is_inflated_and_forwarded_plain(
+    gw: Running, fleet: dict[str, ThreadServer], encoding: str
+) -> None:
+    body = orjson.dumps({"model": "dense", "messages": HELLO, "max_tokens": 9})
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    answer = httpx2.post(
+        gw.url + "/v1/chat/completions",
+        content=packed,
+        headers={"content-type": "application/json", "content-encoding": encoding},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    sent = last_body(fleet[answer.headers["x-gateway-replica"]])
+    assert sent["messages"] == HELLO and sent["max_tokens"] == 9
+
+
+def test_a_compression_bomb_is_413_in_the_clients_dialect(gw: Running) -> None:
+    bomb = gzip.compress(b" " * (40 << 20))  # 40 MiB of spaces, past the 32 MiB body limit
+    answer = httpx2.post(
+        gw.url + "/v1/messages",
+        content=bomb,
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+        timeout=10,
+    )
+    assert answer.status_code == 413
+    assert answer.json()["type"] == "error"
+
+
+def test_integers_beyond_64_bits_reach_the_replica_as_sent(
+    gw: Running, fleet: dict[str, ThreadServer]
+) -> None:
+    body = b'{"model": "dense", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, '
+    body += (
+        b'"seed": 18446744073709551616, "logit_bias": {"7": -100}, "metadata": {"n": -9223372036854775809}}'
+    )
+    answer = httpx2.post(
+        gw.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    replica = fleet[answer.headers["x-gateway-replica"]]
+    sent = httpx2.get(replica.url + "/sim/stats").json()["last_bodies"][-1]
+    assert '"seed":18446744073709551616' in sent  # not 1.8446744073709552e+19
+    assert '"n":-9223372036854775809' in sent
+
+
+def test_a_budget_beyond_64_bits_is_a_400_not_a_500(gw: Running) -> None:
+    body = b'{"model": "dense", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 99999999999999999999999}'
+    answer = httpx2.post(
+        gw.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "max_tokens"

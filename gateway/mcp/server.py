@@ -17,7 +17,6 @@ import mcp.types as types
 import orjson
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 
 from gateway import __version__
 from gateway.fleet.replicas import Fleet
@@ -40,8 +39,6 @@ class McpEndpoint:
         handle: call.Handler,
         fleet: Callable[[], Fleet],
         speeds: Callable[[], Mapping[str, float | None]],
-        *,
-        loopback_open: bool,
     ) -> None:
         self.handle, self.fleet, self.speeds = handle, fleet, speeds
         self.server: Server[Any] = Server(
@@ -52,15 +49,8 @@ class McpEndpoint:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        security = None
-        if loopback_open:
-            # No keys on a loopback bind: a web page must not reach the tools by DNS rebinding.
-            security = TransportSecuritySettings(
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-            )
-        self.sessions = StreamableHTTPSessionManager(app=self.server, security_settings=security)
+        # Host and Origin checks for every path, /mcp included, are the edge's (edge/browser.py).
+        self.sessions = StreamableHTTPSessionManager(app=self.server)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -8,11 +8,14 @@ because CPython's own limit (~1000) would surface as a RecursionError, i.e. a 50
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import zlib
 from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge
+from gateway.errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
 from gateway.pipeline.blobs import Blobs, set_aside
 from gateway.types import Receive
 
@@ -57,6 +60,67 @@ async def read_body(
     return first if first is not None else b""
 
 
+# A JSON request compresses 5-20x (base64 images barely at all); far beyond that is a bomb.
+MAX_RATIO = 100
+# zlib's window bits: gzip framing, or zlib (RFC 1950) / raw deflate (RFC 1951) for "deflate".
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+class UnsupportedEncoding(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_content_encoding"
+
+
+def decompress(raw: bytes | bytearray, encoding: str, limit: int) -> bytes | bytearray:
+    """A `Content-Encoding: gzip|deflate` body inflated, within `limit` bytes and MAX_RATIO.
+
+    Inflated in bounded steps, so a bomb stops at the cap instead of filling memory first.
+    """
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding not in WBITS:
+        raise UnsupportedEncoding(
+            f"Content-Encoding '{encoding[:32]}' is not supported; send gzip, deflate or an uncompressed body"
+        )
+    cap = min(limit, max(len(raw), 1) * MAX_RATIO)
+    try:
+        out = _inflate(raw, WBITS[encoding], cap)
+    except zlib.error:
+        if encoding != "deflate":
+            raise BadRequest("The request body is not valid gzip data", code="invalid_encoding") from None
+        try:  # "deflate" is sent both with and without the zlib header
+            out = _inflate(raw, -zlib.MAX_WBITS, cap)
+        except zlib.error:
+            raise BadRequest("The request body is not valid deflate data", code="invalid_encoding") from None
+    return out
+
+
+def _inflate(raw: bytes | bytearray, wbits: int, cap: int) -> bytearray:
+    inflater = zlib.decompressobj(wbits)
+    out = bytearray()
+    view = memoryview(raw)
+    step = 1 << 20
+    for start in range(0, len(view), step):
+        out += inflater.decompress(view[start : start + step], cap + 1 - len(out))
+        if len(out) > cap or inflater.unconsumed_tail:
+            raise _inflated_too_large(cap)
+    out += inflater.flush()
+    if len(out) > cap:
+        raise _inflated_too_large(cap)
+    if not inflater.eof:
+        raise zlib.error("truncated")
+    return out
+
+
+def _inflated_too_large(cap: int) -> RequestTooLarge:
+    return RequestTooLarge(
+        f"The decompressed request body is larger than {cap} bytes (the body limit, or {MAX_RATIO}x "
+        "its compressed size)"
+    )
+
+
 class ClientGone(Exception):
     """The client left before its request was read."""
 
@@ -65,13 +129,27 @@ def _too_large(limit: int) -> RequestTooLarge:
     return RequestTooLarge(f"The request body is larger than the limit of {limit} bytes")
 
 
+# orjson reads integers within 64 bits (signed or unsigned) and turns larger ones into floats;
+# any such integer has at least 19 digits (-2**63 - 1), so only bodies with such a run take the slow path.
+LONG_DIGITS = re.compile(rb"\d{19}")
+INT_RANGE = range(-(2**63), 2**64)
+
+
+def _exact_int(text: str) -> int | orjson.Fragment:
+    value = int(text)
+    # Beyond orjson's range it stays the client's own digits, forwarded byte for byte.
+    return value if value in INT_RANGE else orjson.Fragment(text)
+
+
 def parse_object(raw: bytes | bytearray, max_depth: int) -> dict[str, Any]:
     if not raw:
         raise BadRequest("The request body is empty; send a JSON object", code="invalid_json")
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw)  # also the strict check (NaN, lone surrogates, bad UTF-8) for both paths
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"The request body is not valid JSON: {_reason(exc)}", code="invalid_json") from None
+    if LONG_DIGITS.search(raw) is not None:
+        body = json.loads(raw, parse_int=_exact_int)
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object", code="invalid_json")
     # Cheap bound first: a body with fewer brackets than the limit cannot nest that deep.

@@ -43,7 +43,7 @@ from gateway.ops.exchange import Exchange
 from gateway.pipeline import prefix
 from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
 from gateway.pipeline.blobs import Blobs
-from gateway.pipeline.body import ClientGone, parse_large, parse_object, read_body
+from gateway.pipeline.body import ClientGone, decompress, parse_large, parse_object, read_body
 from gateway.pipeline.rewrite import Plan, check_request, requested_task, rewrite
 from gateway.relay import respond as relay
 from gateway.routing.balancer import POLICIES
@@ -137,6 +137,13 @@ class Proxy:
                 settings.max_body_bytes,
                 settings.body_timeout,
             )
+            encoding = headers.get("content-encoding", "")
+            if encoding:
+                # Inflating megabytes holds the loop as parsing them would: same threshold, same thread.
+                if len(raw) * 8 > settings.offload_bytes:
+                    raw = await asyncio.to_thread(decompress, raw, encoding, settings.max_body_bytes)
+                else:
+                    raw = decompress(raw, encoding, settings.max_body_bytes)
         except ClientGone:
             ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
             return
@@ -326,7 +333,7 @@ class Proxy:
         loop_deadline: float,
     ) -> None:
         detach = False
-        preset = pool.preset
+        preset, settings = pool.preset, self.ctx.settings
         try:
             if response.status >= 300:
                 await self._relay_status(ex, endpoint, replica, response, send)
@@ -336,13 +343,22 @@ class Proxy:
                     ex,
                     response,
                     drop_usage=plan.usage_injected,
-                    write_timeout=self.ctx.settings.write_timeout,
+                    write_timeout=settings.write_timeout,
                     clock=self.ctx.clock,
                     progress=replica.health.progress,
                     dialect=endpoint.dialect,
+                    max_event=settings.max_event_bytes,
                 )
             else:
-                await relay.send_whole(send, ex, response, self.ctx.clock, endpoint.dialect)
+                await relay.send_whole(
+                    send,
+                    ex,
+                    response,
+                    self.ctx.clock,
+                    endpoint.dialect,
+                    limit=settings.max_answer_bytes,
+                    offload=settings.offload_bytes,
+                )
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)

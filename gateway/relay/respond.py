@@ -16,13 +16,16 @@ import orjson
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai import OPENAI
-from gateway.errors import MAX_MESSAGE, GatewayError
+from gateway.errors import MAX_MESSAGE, GatewayError, UpstreamFailure
 from gateway.ops.exchange import Exchange
-from gateway.relay.sse import TRAP_COMMENT, SseRelay
+from gateway.relay.sse import MAX_EVENT_BYTES, TRAP_COMMENT, EventTooLarge, SseRelay
 from gateway.types import Clock, Send
 from gateway.upstream import IdleTimeout, UpstreamError, UpstreamResponse
 
 FORWARDED_MESSAGE_LIMIT = 4096
+# A non-streaming answer is held whole before it is sent (its length goes first); real ones are
+# kilobytes, a long embedding batch some MiB.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 _CREDENTIAL = re.compile(
     r"(?i)\bbearer\s+\S+|\b(?:api[_-]?key|key|token|secret|password)=\S+|\bsk-[A-Za-z0-9_-]{8,}"
 )
@@ -64,15 +67,32 @@ async def send_error(send: Send, ex: Exchange, error: GatewayError, dialect: Dia
 
 
 async def send_whole(
-    send: Send, ex: Exchange, response: UpstreamResponse, clock: Clock, dialect: Dialect = OPENAI
+    send: Send,
+    ex: Exchange,
+    response: UpstreamResponse,
+    clock: Clock,
+    dialect: Dialect = OPENAI,
+    *,
+    limit: int = MAX_ANSWER_BYTES,
+    offload: int = 1024 * 1024,
 ) -> None:
-    """A non-streaming answer: its headers come only when generation ends, so read it all."""
-    data = await response.read()
+    """A non-streaming answer: its headers come only when generation ends, so read it all (up to
+    `limit`: past it the replica's answer is refused, not held), parsed on a worker thread when big."""
+    data = await response.read(limit + 1)
+    if len(data) > limit:
+        ex.outcome, ex.error_code = "upstream_error", "upstream_answer_too_large"
+        ex.upstream_errors.append("upstream_answer_too_large")
+        raise UpstreamFailure(
+            f"The replica's answer is larger than the gateway's limit of {limit} bytes; stream it instead",
+            code="upstream_answer_too_large",
+        )
     ex.status = response.status
     content_type = response.headers.get("content-type", "application/json")
     if content_type.startswith("application/json"):
         try:
-            payload = orjson.loads(data)
+            payload = (
+                await asyncio.to_thread(orjson.loads, data) if len(data) > offload else orjson.loads(data)
+            )
         except orjson.JSONDecodeError:
             payload = None
         if isinstance(payload, dict):
@@ -127,8 +147,9 @@ async def send_stream(
     clock: Clock,
     progress: Callable[[float], None] | None = None,
     dialect: Dialect = OPENAI,
+    max_event: int = MAX_EVENT_BYTES,
 ) -> None:
-    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock, dialect=dialect)
+    relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock, dialect=dialect, max_event=max_event)
     ex.status = response.status
     headers = [
         (b"content-type", response.headers.get("content-type", "text/event-stream").encode("latin-1")),
@@ -166,6 +187,8 @@ async def send_stream(
         return
     except IdleTimeout:
         failure = "upstream_idle_timeout"
+    except EventTooLarge as error:
+        failure = error.kind
     except UpstreamError:
         failure = "upstream_disconnected"
     finally:

@@ -16,6 +16,7 @@ import orjson
 from gateway.dialects.answer import TRAP_WARNING, Answer
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai import OPENAI
+from gateway.upstream import UpstreamError
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
@@ -23,13 +24,26 @@ _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # comment is ignored by clients' parsers but seen in the raw stream; it goes before [DONE], since
 # most clients stop reading there.
 TRAP_COMMENT = b": gateway-warning: " + TRAP_WARNING.encode() + b"\n\n"
+# One event held back until its blank line: the biggest real ones are a tool call's arguments or a
+# whole answer in one event (kilobytes to a few MiB). Past this the stream ends with the error event.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class EventTooLarge(UpstreamError):
+    kind = "upstream_event_too_large"
 
 
 class SseRelay:
     def __init__(
-        self, answer: Answer, drop_usage: bool, clock: Callable[[], float], dialect: Dialect = OPENAI
+        self,
+        answer: Answer,
+        drop_usage: bool,
+        clock: Callable[[], float],
+        dialect: Dialect = OPENAI,
+        max_event: int = MAX_EVENT_BYTES,
     ) -> None:
         self.answer = answer
+        self.max_event = max_event
         self.dialect = dialect
         # Plain substring tests, far cheaper than a regex scan of every block, in the compact
         # spelling both engines emit: the few events that carry usage or the answer's end.
@@ -51,6 +65,7 @@ class SseRelay:
             if end == len(chunk):
                 return self._inspect(chunk)  # the usual case: whole events, no copy
             self._pending += chunk[end:]
+            self._bound()
             return self._inspect(chunk[:end]) if end else b""
         # Search only the new bytes (and the 3 before, for a boundary split across reads):
         # an event that arrives one byte at a time must not cost quadratic time.
@@ -58,10 +73,16 @@ class SseRelay:
         self._pending += chunk
         end = _last_boundary(self._pending, start)
         if end == 0:
+            self._bound()
             return b""
         block = bytes(self._pending[:end])
         del self._pending[:end]
         return self._inspect(block)
+
+    def _bound(self) -> None:
+        if len(self._pending) > self.max_event:
+            self._pending.clear()
+            raise EventTooLarge
 
     def flush(self) -> bytes:
         """At a clean end of stream: whatever remains, even without its final blank line."""

@@ -191,6 +191,27 @@ class Flood(Behaviour):
 
 
 @dataclass(frozen=True)
+class EndlessEvent(Behaviour):
+    """One good event, then one `data:` line of `size` bytes that never gets its blank line."""
+
+    size: int = 150 * 1024 * 1024
+    chunk: int = 64 * 1024
+
+    async def run(self, conn: Conn, req: Request) -> bool:
+        conn.write(req, response_head(200, [("content-type", "text/event-stream")], chunked=True))
+        first = sse_frame(content_chunk(conn.server.name, 0), b"\n") + b'data: {"x": "'
+        conn.write(req, b"%x\r\n%s\r\n" % (len(first), first))
+        piece = b"%x\r\n%s\r\n" % (self.chunk, b"z" * self.chunk)
+        for _ in range(self.size // self.chunk):
+            if conn.gone:
+                return False
+            conn.write(req, piece)
+            await conn.drain()
+        conn.write(req, b"0\r\n\r\n")
+        return True
+
+
+@dataclass(frozen=True)
 class CloseBeforeHeaders(Behaviour):
     """Read the request, send nothing, FIN: the "empty response" of HAProxy's retry-on list."""
 

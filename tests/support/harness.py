@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.ops.accesslog import AccessLog
 from gateway.routing.table import parse_table
-from gateway.server import SERVER_OPTIONS
+from gateway.server import server_options
 from gateway.settings import Settings
 from tests.support.servers import ThreadServer, serve
 
@@ -64,7 +64,7 @@ def run_gateway(routes: str, resolver: Any = None, **settings: Any) -> Iterator[
         access_log=AccessLog(stream=log),
         **({"resolver": resolver} if resolver is not None else {}),
     )
-    with serve(create_app(gateway), **SERVER_OPTIONS) as server:
+    with serve(create_app(gateway), **server_options(gateway)) as server:
         yield Running(server, gateway, log)
 
 

@@ -162,7 +162,7 @@ def encode_request(
     target: str,
     body: bytes | dict[str, Any] | None = None,
     headers: Sequence[tuple[str, str]] = (),
-    host: str = "gateway",
+    host: str = "127.0.0.1",
 ) -> bytes:
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]

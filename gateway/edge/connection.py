@@ -1,0 +1,164 @@
+"""Limits on a connection while its request head is still arriving, below the ASGI app.
+
+httptools buffers a header until it is complete and uvicorn arms no timer before a first response,
+so a client that trickles or never finishes its headers holds a socket and its buffered bytes for
+ever (watched: 60 MiB heads held whole, 300 silent sockets starving real requests). This protocol
+bounds the head as it is read: a deadline from the connection's first byte (or the next request's)
+to the end of its headers, a byte and field count checked after every read, and a cap on open
+connections refused before anything is parsed. The exact 64 KiB / 100-field limits stay in
+`edge.guard`, where the headers are whole; this layer stops what would never get there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from asyncio import TimerHandle
+from typing import Any, ClassVar, NamedTuple
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.dialects.registry import dialect_for
+from gateway.edge.reject import Recorder, endpoint_label
+from gateway.errors import GatewayError
+from gateway.ops.exchange import Exchange
+
+# The request line and the blank line come on top of the header bytes the guard counts exactly.
+HEAD_SLACK = 16 * 1024
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+class EdgeLimits(NamedTuple):
+    header_timeout: float
+    max_header_bytes: int
+    max_header_count: int
+    max_connections: int
+
+
+class HeadTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    default_code = "header_timeout"
+
+
+class HeadTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    default_code = "headers_too_large"
+
+
+class TooManyConnections(GatewayError):
+    status = 503
+    type = "server_error"
+    default_code = "too_many_connections"
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    limits: ClassVar[EdgeLimits]
+    # In a tuple: a function stored as a class attribute would be bound as a method.
+    recorder: ClassVar[tuple[Recorder | None]] = (None,)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: TimerHandle | None = None
+        self._head_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(
+                TooManyConnections(
+                    f"The gateway is at its limit of {self.limits.max_connections} connections; retry soon",
+                    headers={"retry-after": "1"},
+                )
+            )
+            return
+        self._start_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_timer is None or self.transport.is_closing():
+            return
+        # Still inside a head after this read: everything counted belongs to it.
+        fields = len(self.headers) if self.headers is not None else 0
+        if (
+            self._head_bytes > self.limits.max_header_bytes + HEAD_SLACK
+            or fields > self.limits.max_header_count
+        ):
+            self._refuse(
+                HeadTooLarge(
+                    f"Request headers exceed the limit of {self.limits.max_header_count} fields "
+                    f"or {self.limits.max_header_bytes} bytes"
+                )
+            )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a keep-alive connection's next request
+            self._start_head()
+
+    def on_headers_complete(self) -> None:
+        self._stop_head()
+        super().on_headers_complete()
+
+    def _start_head(self) -> None:
+        self._head_bytes = 0
+        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_expired)
+
+    def _stop_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_bytes == 0:  # nothing sent at all: close quietly, as for an idle keep-alive
+            self.transport.close()
+            return
+        self._refuse(HeadTimeout(f"Request headers did not arrive within {self.limits.header_timeout:g} s"))
+
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer in the dialect of the path (as far as it arrived), record it, close the socket."""
+        self._stop_head()
+        path = (getattr(self, "url", None) or b"").split(b"?", 1)[0].decode("latin-1")
+        ex = Exchange(
+            request_id=os.urandom(8).hex(),
+            endpoint=endpoint_label(path),
+            started=time.monotonic(),
+            client=self.client[0] if self.client else "",
+            outcome="rejected",
+        )
+        ex.status, ex.error_code = error.status, error.code
+        body = dialect_for(path).error_body(error.status, error.type, error.message, error.code, error.param)
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (error.status, REASONS[error.status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"x-request-id: %s\r\n" % ex.request_id.encode(),
+            *(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in error.headers.items()),
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+        ex.finished = ex.started
+        record = self.recorder[0]
+        if record is not None:
+            record(ex)
+
+
+def edge_protocol(limits: EdgeLimits, record: Recorder | None) -> type[EdgeProtocol]:
+    """A protocol class bound to one gateway's limits and recorder (uvicorn takes a class)."""
+    return type(
+        "GatewayHttpProtocol",
+        (EdgeProtocol,),
+        {"limits": limits, "recorder": (record,)},
+    )
