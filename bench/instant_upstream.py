@@ -9,6 +9,9 @@ microseconds of CPU. Run it on its own core: `taskset -c 1 python -m bench.insta
 
 `--hold` (for memory tests with many open streams): a streaming answer sends its headers and one
 chunk, then nothing more; the connection stays open until the client closes it.
+
+`--endless MIB` (for bench.attack): a streaming answer sends one event, then one event of MIB MiB
+that never gets its blank line, then ends.
 """
 
 from __future__ import annotations
@@ -53,9 +56,18 @@ def stream_response(chunks: int) -> bytes:
     return b"".join(parts)
 
 
+def endless_response(mib: int) -> bytes:
+    piece = b"z" * (1 << 20)
+    parts = [STREAM_HEAD, b"%x\r\n%s\r\n" % (len(EVENT), EVENT), b"6\r\ndata: \r\n"]
+    parts += [b"%x\r\n%s\r\n" % (len(piece), piece)] * mib
+    parts.append(b"0\r\n\r\n")
+    return b"".join(parts)
+
+
 class InstantUpstream(asyncio.Protocol):
     chunks = 64
     hold = False
+    endless = 0
 
     def __init__(self) -> None:
         # A bytearray: appending the pieces of a 32 MiB body stays linear (bytes += is quadratic).
@@ -66,6 +78,8 @@ class InstantUpstream(asyncio.Protocol):
             False: _response(COMPLETION),
             True: HELD_STREAM if self.hold else stream_response(self.chunks),
         }
+        if self.endless:
+            self.answers[True] = endless_response(self.endless)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -99,9 +113,10 @@ class InstantUpstream(asyncio.Protocol):
                     return
 
 
-async def serve(port: int, chunks: int = 64, hold: bool = False) -> None:
+async def serve(port: int, chunks: int = 64, hold: bool = False, endless: int = 0) -> None:
     InstantUpstream.chunks = chunks
     InstantUpstream.hold = hold
+    InstantUpstream.endless = endless
     server = await asyncio.get_running_loop().create_server(InstantUpstream, "127.0.0.1", port, backlog=4096)
     await server.serve_forever()
 
@@ -119,5 +134,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--hold", action="store_true", help="streams send one chunk, then hold the connection"
     )
+    parser.add_argument(
+        "--endless", type=int, default=0, metavar="MIB", help="streams end in one endless event"
+    )
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.chunks, args.hold))
+    uvloop.run(serve(args.port, args.chunks, args.hold, args.endless))

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import GatewayTimeout, QueueFull
 from gateway.fleet.health import HealthState, Status
-from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway.fleet.replicas import Fleet, Pool, PoolRetired, Replica
 from gateway.routing.balancer import Pick
 from gateway.routing.table import Health, ReplicaSpec, parse_table
 
@@ -253,7 +253,7 @@ def test_a_reload_drops_a_replica_no_longer_listed() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_reload_wakes_the_old_pools_waiters() -> None:
+async def test_a_reload_sends_the_old_pools_waiters_to_pick_again() -> None:
     before = fleet()
     pool = before.pools["m"]
     both = Pick(("a", "b"), "round_robin")
@@ -261,10 +261,12 @@ async def test_a_reload_wakes_the_old_pools_waiters() -> None:
     await pool.admit(both, 100.0)
     waiting = asyncio.create_task(pool.admit(both, 100.0))
     await settle()
-    a.in_flight = 0  # a place frees without a release on this pool (its lease ended elsewhere)
+    a.in_flight = 0  # a place is free in the old pool, but the table it came from is gone
     fleet(previous=before)
     await settle()
-    assert waiting.done() and waiting.result() is a
+    assert waiting.done() and isinstance(waiting.exception(), PoolRetired)
+    with pytest.raises(PoolRetired):  # and a request that picked from the old fleet a moment ago
+        await pool.admit(both, 100.0)
 
 
 def test_a_replica_in_two_presets_is_one_replica() -> None:

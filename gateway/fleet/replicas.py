@@ -66,6 +66,10 @@ class Replica:
         return ReplicaView(self.name, self.health.available(now), self.in_flight, self.limit)
 
 
+class PoolRetired(Exception):
+    """The pool a request waited in was replaced by a reload; the preset's name is the argument."""
+
+
 class Pool:
     """One preset's replicas, its round-robin ticket and its admission queue."""
 
@@ -77,6 +81,7 @@ class Pool:
         # Each waiter with the replicas it may use, oldest first; a release wakes the oldest one
         # that can use the freed replica (a request pinned elsewhere must not swallow it).
         self._waiters: deque[tuple[asyncio.Future[Replica | None], frozenset[str]]] = deque()
+        self.retired = False  # a reload replaced this pool: its waiters must pick again in the new one
 
     @property
     def queued(self) -> int:
@@ -103,7 +108,12 @@ class Pool:
         return next((r for r in self.replicas if r.name == name), None)
 
     async def admit(self, pick: Pick, deadline: float) -> Replica:
-        """The first replica of `pick` with a free place, else wait in the bounded queue."""
+        """The first replica of `pick` with a free place, else wait in the bounded queue.
+
+        Raises PoolRetired once a reload has replaced this pool, so that a queued request is not
+        sent to a replica the new table removed or moved."""
+        if self.retired:
+            raise PoolRetired(self.preset.name)
         replica = self._first_free(pick)
         if replica is not None:
             return self._lease(replica)
@@ -135,6 +145,8 @@ class Pool:
             finally:
                 if entry in self._waiters:
                     self._waiters.remove(entry)
+            if self.retired:
+                raise PoolRetired(self.preset.name)
             replica = self._first_free(pick)
             if replica is not None:
                 return self._lease(replica)
@@ -151,8 +163,10 @@ class Pool:
                 waiter.set_result(replica)
                 return
 
-    def wake_all(self) -> None:
-        """After a reload, waiters re-check at once instead of waiting for a release in a dead pool."""
+    def retire(self) -> None:
+        """After a reload: every waiter leaves at once (PoolRetired) to pick again in the new table,
+        instead of waiting for a release in a dead pool or taking a place in it."""
+        self.retired = True
         while self._waiters:
             waiter, _ = self._waiters.popleft()
             if not waiter.done():
@@ -197,7 +211,7 @@ class Fleet:
                 members += [r for r in before.replicas if r.name not in listed]
             self.pools[preset.name] = Pool(preset, members, clock)
         for pool in previous.pools.values() if previous else ():
-            pool.wake_all()
+            pool.retire()
 
     @staticmethod
     def _replica(spec: ReplicaSpec, preset: Preset, health: Health, old: dict[str, Replica]) -> Replica:

@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.fleet.health import Outcome
-from gateway.fleet.replicas import Pool, Replica
+from gateway.fleet.replicas import Pool, PoolRetired, Replica
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.blobs import Blobs, put_back
 from gateway.pipeline.rewrite import cap_to_context
@@ -104,7 +104,9 @@ class Dispatcher:
         offload_bytes: int,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        pools: Callable[[str], Pool | None] = lambda name: None,
     ) -> None:
+        self.pools = pools  # a preset's pool in the current table (it changes on reload)
         self.client = client
         self.budget = budget
         self.offload_bytes = offload_bytes
@@ -171,6 +173,22 @@ class Dispatcher:
                 return 0.0
         return max(0.0, min(after, MAX_RETRY_AFTER_WAIT, attempt.deadline - now))
 
+    def _repool(self, attempt: Attempt) -> None:
+        """A reload replaced the pool this request queued in: the same preset in the new table, with
+        its served model name; nothing was sent yet, so nothing else changes."""
+        name = attempt.pool.preset.name
+        pool = self.pools(name)
+        if pool is None:
+            raise NoUpstream(
+                f"Preset '{name}' was removed by a reload of the routing table", headers={"retry-after": "5"}
+            )
+        attempt.pool = pool
+        if attempt.body.get("model") is not None:
+            attempt.body["model"] = pool.preset.served_model
+        attempt.encoded.clear()
+        attempt.tried = [n for n in attempt.tried if pool.get(n) is not None]
+        attempt.refused = [n for n in attempt.refused if pool.get(n) is not None]
+
     async def _try(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         pool, ex = attempt.pool, attempt.ex
         # A replica that refused this request's connection is not asked again by it.
@@ -181,7 +199,11 @@ class Dispatcher:
         if not pick.order:
             raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
         ex.pick_reason = ex.pick_reason or pick.reason
-        replica = await pool.admit(pick, attempt.deadline)
+        try:
+            replica = await pool.admit(pick, attempt.deadline)
+        except PoolRetired:
+            self._repool(attempt)
+            return await self._try(attempt)
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
         try:

@@ -89,7 +89,12 @@ class Proxy:
         self.ctx = context
         self.budget = RetryBudget()
         self.dispatcher = Dispatcher(
-            context.client, self.budget, context.settings.offload_bytes, context.sleep, context.clock
+            context.client,
+            self.budget,
+            context.settings.offload_bytes,
+            context.sleep,
+            context.clock,
+            pools=lambda name: context.fleet().pools.get(name),
         )
         self._background: set[asyncio.Future[None]] = set()
         self.volatile = prefix.VolatileCache()
@@ -297,7 +302,7 @@ class Proxy:
         return preset
 
     async def _send_and_relay(self, attempt: Attempt, plan: Plan, send: Send) -> None:
-        ex, preset, pool = attempt.ex, attempt.pool.preset, attempt.pool
+        ex, preset = attempt.ex, attempt.pool.preset
         loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
         try:
             # One deadline for the whole answer, retries included.
@@ -306,7 +311,10 @@ class Proxy:
                     response, replica = await self.dispatcher.open(attempt)
                 else:
                     response, replica = await self._open_detachable(attempt, loop_deadline)
-                await self._relay(ex, attempt.endpoint, plan, pool, response, replica, send, loop_deadline)
+                # attempt.pool, not `pool`: a reload while it queued moves it to the new table's pool.
+                await self._relay(
+                    ex, attempt.endpoint, plan, attempt.pool, response, replica, send, loop_deadline
+                )
         except TimeoutError:
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
