@@ -790,6 +790,31 @@ def test_case_19_flapping_health_changes_state_rarely() -> None:
             assert health.transitions <= 1  # alternating never makes 3 failures or 2 successes in a row
 
 
+@pytest.mark.parametrize(("unhealthy", "flips"), [(3, "at most the first"), (2, "many")])
+def test_case_19_two_failures_in_a_row_stay_below_an_unhealthy_threshold_of_three(
+    unhealthy: int, flips: str
+) -> None:
+    """Case 19: /health failing twice in a row, then passing twice, never takes the replica out at
+    the default threshold of 3; at 2 the same pattern flips it again and again (the check bites)."""
+    with fault_server(name="A", health="pairs") as a:
+        routes = routes_yaml(
+            [("A", a.url)],
+            health={
+                "interval": 0.1,
+                "timeout": 0.5,
+                "healthy_threshold": 2,
+                "unhealthy_threshold": unhealthy,
+            },
+        )
+        with run_gateway(routes) as gw:
+            assert a.wait_for(lambda: len(a.probes) >= 17, 10)
+            transitions = gw.gateway.fleet.pools["m"].replicas[0].health.transitions
+    if flips == "at most the first":
+        assert transitions <= 1, transitions  # unknown -> up, then never down
+    else:
+        assert transitions >= 3, transitions
+
+
 def test_case_19_loading_llama_server_gets_no_traffic() -> None:
     """Case 19: 503 'Loading model' on /health: no traffic until /health is 200, then soon."""
     with fault_server(name="L", health="fail") as loading, fault_server(name="B") as b:

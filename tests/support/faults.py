@@ -48,7 +48,8 @@ VLLM_METRICS = (
     b'vllm:num_requests_running{model_name="m"} 0.0\nvllm:num_requests_waiting{model_name="m"} 0.0\n'
 )
 
-HealthMode = Literal["ok", "fail", "alternate", "timeout"]
+# alternate: ok, fail, ok, ...; pairs: ok, ok, fail, fail, ... (two failures in a row, never three)
+HealthMode = Literal["ok", "fail", "alternate", "pairs", "timeout"]
 Route = Callable[[Request], Behaviour]
 
 
@@ -253,6 +254,8 @@ class FaultServer:
         mode = self.health
         if mode == "alternate":
             mode = "ok" if len(self.probes) % 2 == 0 else "fail"
+        elif mode == "pairs":
+            mode = "ok" if len(self.probes) % 4 < 2 else "fail"
         self.probes.append((now(), mode))
         self._changed()
         if mode == "timeout":
@@ -314,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.2)
     parser.add_argument("--name", default="fu")
-    parser.add_argument("--health", choices=("ok", "fail", "alternate", "timeout"), default="ok")
+    parser.add_argument("--health", choices=("ok", "fail", "alternate", "pairs", "timeout"), default="ok")
     parser.add_argument("--idle-close", type=float, default=None)
     args = parser.parse_args(argv)
     server = FaultServer(
