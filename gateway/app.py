@@ -30,6 +30,7 @@ from gateway.errors import GatewayError, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
+from gateway.fleet.supervisor import Supervisor
 from gateway.mcp.server import PATH as MCP_PATH
 from gateway.mcp.server import McpEndpoint
 from gateway.ops import catalogue, status
@@ -65,16 +66,32 @@ class Gateway:
     proxy: Proxy = field(init=False)
     prober: Prober = field(init=False)
     discovery: Discovery = field(init=False)
+    supervisor: Supervisor = field(init=False)
     resolver: Resolver = resolve
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.registry, lambda: self.fleet)
         self.recent = Recent(self.clock)
         self.started = self.clock()
-        self.proxy = Proxy(
-            Context(self.settings, lambda: self.fleet, self.client, self.record, clock=self.clock)
-        )
         self.prober = Prober(lambda: self.fleet, self.client, self.clock)
+        self.supervisor = Supervisor(
+            lambda: self.fleet, self.client, self.settings.state_dir / "logs", self.prober.probe, self.clock
+        )
+        self.supervisor.sync()
+        self.supervisor.on_load = self.metrics.record_load
+        self.supervisor.on_evict = self.metrics.record_eviction
+        self.metrics.supervisor = self.supervisor
+        self.prober.active = self.supervisor.active
+        self.proxy = Proxy(
+            Context(
+                self.settings,
+                lambda: self.fleet,
+                self.client,
+                self.record,
+                clock=self.clock,
+                lifecycle=self.supervisor,
+            )
+        )
         self.discovery = Discovery(lambda: self.fleet, self.prober.probe, self.resolver, self.clock)
 
     def record(self, ex: Exchange) -> None:
@@ -87,10 +104,16 @@ class Gateway:
         measured = self.recent.decode_speeds()
         return {name: measured.get(name) for name in self.fleet.pools}
 
+    def not_ready(self) -> list[str]:
+        """Presets that cannot serve: none ready, and not one that loads on demand (a preset whose
+        replicas are all launched starts one for its first request; a failed one counts)."""
+        return [p for p in self.fleet.not_ready() if not self.supervisor.on_demand(self.fleet.pools[p])]
+
     def reload(self) -> Table:
         """Validate first, keep the old table on error, then swap atomically."""
         table = load_table(self.settings.routes)
         self.fleet = Fleet(table, self.clock, previous=self.fleet)
+        self.supervisor.sync()  # new launched replicas start stopped; dropped ones are stopped
         log.warning("routing table reloaded from %s", table.source)
         return table
 
@@ -135,6 +158,7 @@ def create_app(gateway: Gateway) -> Any:
                 if gateway.discovery.wanted():
                     await gateway.discovery.refresh(force=True)
                 await gateway.prober.probe_all()
+        await gateway.supervisor.start(gateway.fleet.table.preload)
         await _wait_ready(gateway)
         probing = asyncio.create_task(gateway.prober.run())
         discovering = asyncio.create_task(gateway.discovery.run()) if gateway.discovery.wanted() else None
@@ -150,6 +174,7 @@ def create_app(gateway: Gateway) -> Any:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            await gateway.supervisor.close()  # after the drain: what it started, it stops
             await gateway.client.aclose()
             gateway.access_log.flush()
 
@@ -162,6 +187,8 @@ def create_app(gateway: Gateway) -> Any:
         Route("/ready", _ready, methods=["GET"]),
         Route("/ui", _ui_page, methods=["GET"]),
         Route("/ui/state", _ui_state, methods=["GET"]),
+        Route("/admin/replicas", _admin_replicas, methods=["GET"]),
+        Route("/admin/replicas/{name}/{action}", _admin_action, methods=["POST"]),
     ]
     if gateway.settings.metrics_port == 0:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -257,10 +284,33 @@ async def _health(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
-    missing = _gateway(request).fleet.not_ready()
+    missing = _gateway(request).not_ready()
     if missing:
         return _json({"status": "not_ready", "not_ready": missing}, status=503)
     return _json({"status": "ready"})
+
+
+async def _admin_replicas(request: Request) -> Response:
+    """The launched replicas, for `fleet-gateway ps` (behind the key, like every non-public path)."""
+    return _json({"replicas": _gateway(request).supervisor.view()})
+
+
+async def _admin_action(request: Request) -> Response:
+    gateway = _gateway(request)
+    name, action = request.path_params["name"], request.path_params["action"]
+    supervisor = gateway.supervisor
+    if name not in supervisor.units:
+        raise NotFound(
+            f"No launched replica '{name[:64]}'; launched: {', '.join(supervisor.units) or 'none'}"
+        )
+    if action == "start":
+        pool_timeout = max(p.preset.timeouts.load for p in gateway.fleet.pools.values())
+        unit = await supervisor.start_one(name, gateway.clock() + pool_timeout)
+    elif action == "stop":
+        unit = await supervisor.stop_one(name)
+    else:
+        raise NotFound(f"Unknown action '{action[:32]}': start or stop")
+    return _json({"name": unit.name, "state": unit.state, "reason": unit.reason})
 
 
 async def _ui_page(request: Request) -> Response:
@@ -269,7 +319,7 @@ async def _ui_page(request: Request) -> Response:
 
 async def _ui_state(request: Request) -> Response:
     gateway = _gateway(request)
-    payload = status.state(gateway.fleet, gateway.recent, gateway.started)
+    payload = status.state(gateway.fleet, gateway.recent, gateway.started, launched=gateway.supervisor.view())
     return Response(orjson.dumps(payload), media_type="application/json", headers=NO_STORE)
 
 
@@ -310,10 +360,10 @@ async def _wait_ready(gateway: Gateway) -> None:
     if limit <= 0:
         return
     deadline = gateway.clock() + limit
-    while gateway.fleet.not_ready() and gateway.clock() < deadline:
+    while gateway.not_ready() and gateway.clock() < deadline:
         await asyncio.sleep(min(1.0, gateway.fleet.table.health.interval))
         await gateway.prober.probe_all()
-    missing = gateway.fleet.not_ready()
+    missing = gateway.not_ready()
     if missing:
         log.warning("serving after --wait %gs with presets not ready: %s", limit, ", ".join(missing))
     else:

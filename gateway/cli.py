@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bridge.add_argument("--key", help="a gateway key (default: $GATEWAY_KEY)")
 
+    ps = commands.add_parser("ps", help="list the replicas the gateway launches: state, devices, loads")
+    ps.add_argument("--url", help="the gateway (default: http://$GATEWAY_HOST:$GATEWAY_PORT)")
+    ps.add_argument("--key", help="a gateway key (default: $GATEWAY_KEY)")
+
     bench = commands.add_parser(
         "bench", help="measure each preset: decode rate, TTFT cold and cached, parallel, tools, images"
     )
@@ -94,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.mcp.bridge import bridge_command
 
         return bridge_command(args.url or _local_url(), args.key or os.environ.get("GATEWAY_KEY"))
+    if args.command == "ps":
+        from gateway.tools.ps import ps_command
+
+        return ps_command(args.url or _local_url(), args.key or os.environ.get("GATEWAY_KEY"))
     settings = Settings()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

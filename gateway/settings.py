@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     # "lean" (default: httptools + asyncio Protocol, the least CPU per request in bench/clients.py),
     # "aiohttp" or "httpx2"; see gateway/upstream/.
     http_client: str = "lean"
+    # Where launched replicas' logs go (one file each, size-capped); see fleet/supervisor.py.
+    state_dir: Path = Path.home() / ".local" / "state" / "fleet-gateway"
     # `serve --wait N`: hold start-up until every preset has a ready replica, at most N seconds.
     wait_ready: float = Field(0.0, ge=0)
 

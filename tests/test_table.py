@@ -153,3 +153,45 @@ def test_params_must_be_json_values() -> None:
     text = MINIMAL.replace("served_model: big", "served_model: big\n    params: {seed: 18446744073709551616}")
     with pytest.raises(TableError, match=r"presets\.dense\.params: Value error, must hold JSON values only"):
         parse_table(text)
+
+
+# --- launched replicas (issue 14) -------------------------------------------------------------------
+
+LAUNCHED = """
+devices: {gpu0: 48}
+preload: [a]
+presets:
+  a:
+    served_model: a
+    replicas:
+      - {name: a0, url: "http://127.0.0.1:9001", engine: vllm, launch: {cmd: [vllm, serve, x]}, uses: {gpu0: 30}}
+routing: {default: a}
+"""
+
+
+def test_launch_keys_load_with_their_defaults() -> None:
+    table = parse_table(LAUNCHED)
+    spec = table.presets["a"].replicas[0]
+    assert spec.launch is not None and spec.launch.cmd == ["vllm", "serve", "x"]
+    assert (spec.launch.grace, spec.launch.load_timeout, spec.idle_unload, spec.keep) == (30, 900, 0, False)
+    assert table.devices == {"gpu0": 48} and table.preload == ("a",)
+    assert table.presets["a"].timeouts.load == 600
+    assert table.restarts.max_failures == 5 and table.restarts.window == 600
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("uses: {gpu0: 30}", "uses: {gpu9: 30}", "uses.gpu9: not a device in `devices` (gpu0)"),
+        ("uses: {gpu0: 30}", "uses: {gpu0: 60}", "60 GiB is more than the device offers (48)"),
+        ("preload: [a]", "preload: [zz]", "preload[0]: 'zz' is not a preset"),
+        ("127.0.0.1:9001", "10.0.0.5:9001", "a launched replica listens on this machine"),
+        ("launch: {cmd: [vllm, serve, x]}, ", "", "uses: only for a replica the gateway launches"),
+        ("cmd: [vllm, serve, x]", "cmd: [vllm], sleep: true", "sleep mode is not supported yet"),
+        ("cmd: [vllm, serve, x]", "cmd: []", "launch.cmd"),
+    ],
+)
+def test_invalid_launch_keys_are_refused_with_the_fix(old: str, new: str, expected: str) -> None:
+    with pytest.raises(TableError) as caught:
+        parse_table(LAUNCHED.replace(old, new))
+    assert expected in str(caught.value), str(caught.value)

@@ -99,6 +99,18 @@ class HealthState:
             return True
         return False
 
+    def on_started(self) -> None:
+        """A launched replica answered /health after its start: ready now, with a clean slate."""
+        self.probe_fail_streak = self.connect_fail_streak = self.server_error_streak = 0
+        self.probe_ok_streak = self.config.healthy_threshold
+        self.ejected_until = 0.0
+        self._become(Status.UP, "started")
+
+    def on_stopped(self, reason: str) -> None:
+        """A launched replica's process is gone (stopped, evicted, crashed)."""
+        self.probe_ok_streak = 0
+        self._become(Status.DOWN, reason)
+
     def _eject(self, now: float) -> None:
         if now - self.last_ejection_end > self.config.eject_max:
             self.ejections = 0  # a long quiet spell forgives earlier ejections

@@ -26,11 +26,16 @@ MODELS_EVERY = 12  # re-read /v1/models every this many probe cycles: a replica 
 
 class Prober:
     def __init__(
-        self, fleet: Callable[[], Fleet], client: UpstreamClient, clock: Callable[[], float] = time.monotonic
+        self,
+        fleet: Callable[[], Fleet],
+        client: UpstreamClient,
+        clock: Callable[[], float] = time.monotonic,
+        active: Callable[[Replica], bool] = lambda replica: True,
     ) -> None:
         self._fleet = fleet
         self._client = client
         self._clock = clock
+        self.active = active  # a launched replica that is not running is not probed (fleet/supervisor.py)
         self.cycles = 0
 
     async def run(self) -> None:
@@ -39,7 +44,7 @@ class Prober:
             await asyncio.sleep(self._fleet().table.health.interval)
 
     async def probe_all(self) -> None:
-        replicas = self._fleet().replicas()
+        replicas = [r for r in self._fleet().replicas() if self.active(r)]
         await asyncio.gather(*(self.probe(replica) for replica in replicas))
         self.cycles += 1
 

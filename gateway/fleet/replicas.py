@@ -36,6 +36,7 @@ class Replica:
     backend_metrics: dict[str, float] = field(default_factory=dict)  # from the replica's own /metrics
     prompt_tokens: int = 0  # reported by the replica, for its prefix-cache hit ratio
     cached_tokens: int = 0
+    last_used: float = float("-inf")  # when a request last took or gave back a place (idle unload, LRU)
 
     @property
     def name(self) -> str:
@@ -153,6 +154,7 @@ class Pool:
 
     def release(self, replica: Replica) -> None:
         replica.in_flight -= 1
+        replica.last_used = self.clock()
         self._wake(replica)
 
     def _wake(self, replica: Replica) -> None:
@@ -179,9 +181,9 @@ class Pool:
                 return replica
         return None
 
-    @staticmethod
-    def _lease(replica: Replica) -> Replica:
+    def _lease(self, replica: Replica) -> Replica:
         replica.in_flight += 1
+        replica.last_used = self.clock()
         return replica
 
 

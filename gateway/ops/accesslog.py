@@ -49,6 +49,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "client_id": ex.client_id,
         "duration_ms": _ms(ex.started, ex.finished),
         "overhead_ms": _ms(ex.started, ex.upstream_sent),
+        "load_wait_ms": None if ex.load_wait is None else round(ex.load_wait * 1000, 1),
         "ttft_ms": _ms(ex.started, ex.first_token),
         "prompt_tokens": answer.prompt_tokens,
         "cached_tokens": answer.cached_tokens,

@@ -45,6 +45,7 @@ class Exchange:
     prefix_churn: bool = False
     client_id: str = ""
     upstream_sent: float | None = None
+    load_wait: float | None = None  # seconds spent waiting for a launched replica to start
     first_token: float | None = None
     finished: float | None = None
     answer: Answer = field(default_factory=Answer)

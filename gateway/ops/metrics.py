@@ -31,6 +31,10 @@ RATE_BUCKETS = (1, 2.5, 5, 10, 15, 20, 25, 35, 50, 75, 100, 150, 200, 300, 500, 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
+# Engine starts: a tiny model in under a second, a 27B on a GPU in minutes (15 with compilation).
+LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 900)
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry, fleet: Callable[[], Fleet]) -> None:
         self.registry = registry
@@ -143,7 +147,43 @@ class Metrics:
             ["preset"],
             registry=registry,
         )
+        self.loads = Counter(
+            "gateway_replica_loads",
+            "Starts of launched replicas, by outcome (ok: healthy in time; error: exited or timed out).",
+            ["replica", "outcome"],
+            registry=registry,
+        )
+        self.load_seconds = Histogram(
+            "gateway_replica_load_seconds",
+            "From a launched replica's start to its first healthy /health.",
+            ["replica"],
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "gateway_replica_evictions",
+            "Idle launched replicas stopped to make room on their device for another.",
+            ["replica"],
+            registry=registry,
+        )
+        self.load_wait = Histogram(
+            "gateway_load_wait_seconds",
+            "Time requests spent waiting for a launched replica to start.",
+            ["preset"],
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.supervisor: Any = None  # set by the gateway: the states of launched replicas
         registry.register(_FleetCollector(fleet))
+        registry.register(_StateCollector(lambda: self.supervisor))
+
+    def record_load(self, replica: str, outcome: str, seconds: float) -> None:
+        self._child(self.loads, replica, outcome).inc()
+        if outcome == "ok":
+            self._child(self.load_seconds, replica).observe(seconds)
+
+    def record_eviction(self, replica: str) -> None:
+        self._child(self.evictions, replica).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # labels() takes a lock and builds a tuple each time; the label sets are few and bounded.
@@ -165,6 +205,8 @@ class Metrics:
             self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
         if ex.upstream_sent is not None:
             self._child(self.overhead, preset).observe(ex.upstream_sent - ex.started)
+        if ex.load_wait is not None:
+            self._child(self.load_wait, preset).observe(ex.load_wait)
         for kind, _ in ex.rewrites:
             self._child(self.rewrites, preset, kind).inc()
         for reason in ex.retries:
@@ -201,6 +243,26 @@ class Metrics:
                 self._child(self.decode_rate, preset, replica).observe((tokens - 1) / decode)
         if answer.thinking_trap:
             self._child(self.thinking_trap, preset, replica).inc()
+
+
+STATES = ("stopped", "starting", "ready", "stopping", "failed")
+
+
+class _StateCollector(Collector):
+    """One series per launched replica and state, 1 for the state it is in (none without launch)."""
+
+    def __init__(self, supervisor: Callable[[], Any]) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gateway_replica_state", "Lifecycle state of a launched replica.", labels=["replica", "state"]
+        )
+        supervisor = self._supervisor()
+        for unit in supervisor.units.values() if supervisor is not None else ():
+            for state in STATES:
+                family.add_metric([unit.name, state], 1.0 if unit.state == state else 0.0)
+        yield family
 
 
 class _FleetCollector(Collector):

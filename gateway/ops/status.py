@@ -15,7 +15,15 @@ from gateway.fleet.replicas import Fleet, Replica
 from gateway.ops.recent import Recent, Sample, summarise
 
 
-def state(fleet: Fleet, recent: Recent, started: float, wall: float | None = None) -> dict[str, Any]:
+def state(
+    fleet: Fleet,
+    recent: Recent,
+    started: float,
+    wall: float | None = None,
+    launched: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`launched`: the supervisor's view of the replicas the gateway starts and stops."""
+    lifecycle = {entry["name"]: entry for entry in launched or ()}
     now = fleet.clock()
     samples = recent.window()
     by_preset: dict[str, list[Sample]] = defaultdict(list)
@@ -39,7 +47,9 @@ def state(fleet: Fleet, recent: Recent, started: float, wall: float | None = Non
                 "panic": pool.panic(),
                 "queued": pool.queued,
                 **summarise(by_preset.get(name, []), now=now),
-                "replicas": [_replica(r, now, by_replica.get(r.name, [])) for r in pool.replicas],
+                "replicas": [
+                    _replica(r, now, by_replica.get(r.name, []), lifecycle.get(r.name)) for r in pool.replicas
+                ],
             }
         )
     return {
@@ -63,7 +73,9 @@ def state(fleet: Fleet, recent: Recent, started: float, wall: float | None = Non
     }
 
 
-def _replica(replica: Replica, now: float, samples: list[Sample]) -> dict[str, Any]:
+def _replica(
+    replica: Replica, now: float, samples: list[Sample], lifecycle: dict[str, Any] | None = None
+) -> dict[str, Any]:
     health = replica.health
     status = "ejected" if health.ejected(now) else health.status.value
     figures = summarise(samples, now=now)
@@ -76,5 +88,7 @@ def _replica(replica: Replica, now: float, samples: list[Sample]) -> dict[str, A
         "context": replica.context,
         "probe_ms": None if replica.probe_latency is None else round(replica.probe_latency * 1000, 1),
         "backend": dict(replica.backend_metrics),
+        # Launched replicas: stopped, starting, ready, stopping or failed, device use, a failed log.
+        "lifecycle": lifecycle,
         **figures,
     }

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
@@ -96,6 +96,14 @@ class Attempt:
         ]
 
 
+class Lifecycle(Protocol):
+    """What the request path needs from the supervisor of launched replicas (fleet/supervisor.py)."""
+
+    async def ensure(self, pool: Pool, deadline: float) -> float: ...
+
+    def unavailable(self, pool: Pool) -> list[str]: ...
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -105,8 +113,10 @@ class Dispatcher:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         pools: Callable[[str], Pool | None] = lambda name: None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.pools = pools  # a preset's pool in the current table (it changes on reload)
+        self.lifecycle = lifecycle
         self.client = client
         self.budget = budget
         self.offload_bytes = offload_bytes
@@ -191,8 +201,18 @@ class Dispatcher:
 
     async def _try(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         pool, ex = attempt.pool, attempt.ex
+        stopped: list[str] = []
+        if self.lifecycle is not None:
+            # A preset whose launched replicas are all stopped starts one and waits for it, within
+            # `timeouts.load`; a retry finds it starting or ready and never starts a second.
+            load_deadline = min(attempt.deadline, self.clock() + pool.preset.timeouts.load)
+            waited = await self.lifecycle.ensure(pool, load_deadline)
+            if waited:
+                ex.load_wait = (ex.load_wait or 0.0) + waited
+            stopped = self.lifecycle.unavailable(pool)  # never picked, not even by panic routing
         # A replica that refused this request's connection is not asked again by it.
-        pick = pool.pick(attempt.ticket, attempt.key, exclude=[*attempt.refused, *attempt.unfit()])
+        exclude = [*attempt.refused, *attempt.unfit(), *stopped]
+        pick = pool.pick(attempt.ticket, attempt.key, exclude=exclude)
         if attempt.tried:
             suspects = [r.name for r in pool.replicas if r.health.connect_fail_streak]
             pick = retry_order(pick, attempt.tried, suspects)

@@ -41,7 +41,7 @@ from gateway.fleet.replicas import Fleet, Pool, Replica
 from gateway.fleet.stored import StoredResponses
 from gateway.ops.exchange import Exchange
 from gateway.pipeline import prefix
-from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, RetryBudget
+from gateway.pipeline.attempts import ERROR_BODY_LIMIT, Attempt, Dispatcher, Lifecycle, RetryBudget
 from gateway.pipeline.blobs import Blobs
 from gateway.pipeline.body import ClientGone, decompress, parse_large, parse_object, read_body
 from gateway.pipeline.rewrite import Plan, check_request, requested_task, rewrite
@@ -72,6 +72,7 @@ class Context:
     record: Recorder
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
+    lifecycle: Lifecycle | None = None  # the supervisor of launched replicas
 
 
 class _Watch:
@@ -95,6 +96,7 @@ class Proxy:
             context.sleep,
             context.clock,
             pools=lambda name: context.fleet().pools.get(name),
+            lifecycle=context.lifecycle,
         )
         self._background: set[asyncio.Future[None]] = set()
         self.volatile = prefix.VolatileCache()

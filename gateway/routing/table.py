@@ -56,6 +56,8 @@ class Timeouts(_Strict):
     first_byte: float = Field(60.0, gt=0)  # streaming only: a non-streaming answer's headers come at the end
     idle: float = Field(120.0, gt=0)  # longest silence between two chunks of a stream
     read: float = Field(1800.0, gt=0)
+    # How long a request waits for a launched replica to start, or for a device to free up.
+    load: float = Field(600.0, gt=0)
 
 
 class Limits(_Strict):
@@ -95,12 +97,34 @@ class Health(_Strict):
     scrape_metrics: bool = True  # read each replica's own /metrics on the probe cycle and re-export it
 
 
+class Launch(_Strict):
+    """How the gateway starts and stops a replica it owns (fleet/supervisor.py)."""
+
+    cmd: list[str] = Field(min_length=1)  # argv, no shell
+    env: dict[str, str] = Field(default_factory=dict)
+    stop: list[str] | None = None  # default: SIGTERM to the process group, SIGKILL after `grace`
+    grace: float = Field(30.0, gt=0)
+    load_timeout: float = Field(900.0, gt=0)  # one start, until /health answers 200
+    sleep: bool = False  # vLLM sleep/wake instead of stop/start: not built yet, so only `false`
+
+    @field_validator("sleep")
+    @classmethod
+    def _no_sleep_yet(cls, sleep: bool) -> bool:
+        if sleep:
+            raise ValueError("sleep mode is not supported yet; leave it false (the replica is stopped)")
+        return sleep
+
+
 class ReplicaSpec(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str
     engine: Engine
     api_key_env: str | None = None
     max_in_flight: int | None = Field(None, ge=1)
+    launch: Launch | None = None
+    uses: dict[str, float] = Field(default_factory=dict)  # GiB per device while it runs
+    idle_unload: float = Field(0.0, ge=0)  # seconds after its last answer before it is stopped; 0 never
+    keep: bool = False  # never evicted to make room
 
     @field_validator("url")
     @classmethod
@@ -170,9 +194,21 @@ class Routing(_Strict):
     images: str | None = None
 
 
+class Restarts(_Strict):
+    """A launched replica that fails this often within `window` seconds is `failed` until reloaded."""
+
+    max_failures: int = Field(5, ge=1)
+    window: float = Field(600.0, gt=0)
+    first_delay: float = Field(1.0, ge=0)  # the first restart; each next one waits twice as long
+    max_delay: float = Field(300.0, gt=0)
+
+
 class RoutesFile(_Strict):
     defaults: _Inherited = _Inherited()
     health: Health = Health()
+    devices: dict[str, float] = Field(default_factory=dict)  # GiB each device offers to the fleet
+    preload: list[str] = Field(default_factory=list)  # presets whose launched replicas start with the gateway
+    restarts: Restarts = Restarts()
     presets: dict[str, PresetSpec]
     tasks: dict[str, str] = Field(default_factory=dict)
     routing: Routing
@@ -228,6 +264,9 @@ class Table:
     images: str | None
     health: Health
     source: str = "<memory>"
+    devices: Mapping[str, float] = field(default_factory=dict)
+    preload: tuple[str, ...] = ()
+    restarts: Restarts = field(default_factory=Restarts)
     _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
     _patterns: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (casefolded glob, preset)
 
@@ -359,6 +398,9 @@ def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
         images=spec.routing.images,
         health=spec.health,
         source=source,
+        devices=dict(spec.devices),
+        preload=tuple(spec.preload),
+        restarts=spec.restarts,
         _names=names,
         _patterns=tuple(patterns),
     )
@@ -443,6 +485,33 @@ def _cross_check(spec: RoutesFile) -> list[str]:
                     f"of preset '{first[0]}'; give it another name, or the same url, engine and settings"
                 )
             replica_owner.setdefault(replica.name, (name, replica))
+            problems += _launch_problems(f"presets.{name}.replicas[{index}]", replica, spec.devices)
+    for index, preset_name in enumerate(spec.preload):
+        if preset_name not in known:
+            problems.append(f"preload[{index}]: '{preset_name}' is not a preset (presets: {listing})")
+    return problems
+
+
+def _launch_problems(where: str, replica: ReplicaSpec, devices: Mapping[str, float]) -> list[str]:
+    problems = []
+    if replica.launch is None:
+        for key in ("uses", "idle_unload", "keep"):
+            if key in replica.model_fields_set:
+                problems.append(f"{where}.{key}: only for a replica the gateway launches (add `launch`)")
+        return problems
+    host = urlsplit(replica.url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        problems.append(f"{where}.url: a launched replica listens on this machine (127.0.0.1), not {host}")
+    for device, gib in replica.uses.items():
+        if device not in devices:
+            known = ", ".join(sorted(devices)) or "none declared"
+            problems.append(f"{where}.uses.{device}: not a device in `devices` ({known})")
+        elif gib > devices[device]:
+            problems.append(
+                f"{where}.uses.{device}: {gib:g} GiB is more than the device offers ({devices[device]:g})"
+            )
+        elif gib < 0:
+            problems.append(f"{where}.uses.{device}: must be 0 or more")
     return problems
 
 

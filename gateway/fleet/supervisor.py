@@ -1,0 +1,476 @@
+"""Replicas the gateway launches: started on demand, stopped when idle or to make room, restarted
+after a crash, `failed` after a crash loop.
+
+One `Unit` per launched replica, in one of the states below; every change happens on the event
+loop between two awaits, so a state read and the decision on it never interleave with another
+request's. Which occupants make room is `capacity.plan_start` (pure); processes are
+`process.EngineProcess`; readiness is the replica's own `/health` answering 200.
+
+    stopped --start--> starting --/health 200--> ready --idle/evicted--> stopping --> stopped
+       ^                  |                        |
+       |                  +--exit, timeout--+      +--exit (crash)--+
+       |                                    v                       v
+       +----------- backoff ---------- (failure counted) ---> failed (after max_failures)
+
+A request for a preset whose launched replicas are all stopped calls `ensure`, which starts one
+(evicting idle replicas of other presets where the devices are short) and waits, within the
+preset's `timeouts.load`, until it is ready. Replicas without `launch` are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from gateway.errors import NoUpstream
+from gateway.fleet.capacity import Occupant, plan_start
+from gateway.fleet.health import Status
+from gateway.fleet.process import EngineProcess, tail
+from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway.routing.table import Launch, ReplicaSpec
+from gateway.types import Clock
+from gateway.upstream import UpstreamClient, UpstreamError
+
+log = logging.getLogger("gateway")
+
+State = Literal["stopped", "starting", "ready", "stopping", "failed"]
+RUNNING: frozenset[State] = frozenset({"starting", "ready", "stopping"})  # holds its devices
+TICK = 0.5  # the idle and health watch
+HEALTH_POLL = 0.25  # while a start waits for /health
+
+
+@dataclass
+class Unit:
+    spec: ReplicaSpec
+    log_path: Path
+    state: State = "stopped"
+    since: float = 0.0
+    reason: str = ""
+    process: EngineProcess | None = None
+    failures: deque[float] = field(default_factory=deque)
+    not_before: float = 0.0  # no start before this (the backoff after a failure)
+    last_load: float | None = None  # seconds the last successful start took
+    loads: int = 0
+    evictions: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def launch(self) -> Launch:
+        assert self.spec.launch is not None
+        return self.spec.launch
+
+
+class Supervisor:
+    def __init__(
+        self,
+        fleet: Callable[[], Fleet],
+        client: UpstreamClient,
+        log_dir: Path,
+        probe: Callable[[Replica], Awaitable[object]] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._fleet = fleet
+        self.client = client
+        self.log_dir = log_dir
+        self.probe = probe
+        self.clock = clock
+        self.units: dict[str, Unit] = {}
+        self.closing = False
+        self._changed: asyncio.Event = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        # Counters for the metrics: (replica, outcome) of each start, evictions, load seconds.
+        self.on_load: Callable[[str, str, float], None] = lambda name, outcome, seconds: None
+        self.on_evict: Callable[[str], None] = lambda name: None
+
+    # --- the table's replicas -------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Units for the table's launched replicas; one the table dropped or changed is stopped."""
+        wanted = {r.name: r.spec for r in self._fleet().replicas() if r.spec.launch is not None}
+        for name, unit in list(self.units.items()):
+            spec = wanted.get(name)
+            if spec is None or spec.launch != unit.spec.launch or spec.url != unit.spec.url:
+                del self.units[name]
+                self._spawn_task(self._stop(unit, "removed from the table"))
+            else:
+                unit.spec = spec  # uses, idle_unload, keep may change in place
+        for name, spec in wanted.items():
+            if name not in self.units:
+                self.units[name] = Unit(spec, self.log_dir / f"{name}.log", since=self.clock())
+
+    def replica(self, name: str) -> Replica | None:
+        return next((r for r in self._fleet().replicas() if r.name == name), None)
+
+    def active(self, replica: Replica) -> bool:
+        """Whether the prober should probe it: a stopped engine answers nothing worth logging."""
+        unit = self.units.get(replica.name)
+        return unit is None or unit.state == "ready"
+
+    def unavailable(self, pool: Pool) -> list[str]:
+        """Launched replicas of the pool that must not be picked (panic routing included)."""
+        return [
+            r.name for r in pool.replicas if (u := self.units.get(r.name)) is not None and u.state != "ready"
+        ]
+
+    def on_demand(self, pool: Pool) -> bool:
+        """Every replica is launched and none is failed: the pool serves after a start."""
+        units = [self.units.get(r.name) for r in pool.replicas]
+        return bool(units) and all(u is not None and u.state != "failed" for u in units)
+
+    # --- running --------------------------------------------------------------------------------
+
+    async def start(self, preload: Iterable[str]) -> None:
+        self.sync()
+        for unit in self.units.values():
+            if await self._port_taken(unit):
+                self._fail(unit, "its port is in use by a process the gateway did not start")
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        fleet = self._fleet()
+        for preset in preload:
+            pool = fleet.pools.get(preset)
+            if pool is not None:
+                self._spawn_task(self._preload(pool))
+
+    async def _preload(self, pool: Pool) -> None:
+        with contextlib.suppress(NoUpstream):
+            await self.ensure(pool, self.clock() + pool.preset.timeouts.load)
+
+    async def close(self) -> None:
+        """Stop everything the gateway started (after the server drained its requests)."""
+        self.closing = True
+        self._notify()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(self._stop(u, "the gateway stopped") for u in self.units.values()))
+
+    def kill_all(self) -> None:
+        for unit in self.units.values():
+            if unit.process is not None:
+                unit.process.kill_now()
+
+    # --- the request path -----------------------------------------------------------------------
+
+    async def ensure(self, pool: Pool, deadline: float) -> float:
+        """Until a replica of `pool` can take the request: 0 at once when one is ready (or the pool
+        has replicas the gateway does not launch); else the seconds spent starting one."""
+        units = [u for r in pool.replicas if (u := self.units.get(r.name)) is not None]
+        if not units or len(units) < len(pool.replicas) or any(u.state == "ready" for u in units):
+            return 0.0
+        began = self.clock()
+        holders: tuple[str, ...] = ()
+        while True:
+            if self.closing:
+                raise NoUpstream("The gateway is shutting down", headers={"retry-after": "5"})
+            if any(u.state == "ready" for u in units):
+                return self.clock() - began
+            live = [u for u in units if u.state != "failed"]
+            if not live:
+                raise self._failed(pool, units)
+            if not any(u.state == "starting" for u in live):
+                unit = min(live, key=lambda u: u.not_before)
+                if unit.state == "stopped" and self.clock() >= unit.not_before:
+                    holders = self._try_start(unit)
+            if not await self._wait_change(deadline):
+                raise self._no_room(pool, holders, deadline - began)
+
+    def _try_start(self, unit: Unit) -> tuple[str, ...]:
+        """Start `unit` now if the devices allow, evicting idle occupants; else who holds them."""
+        occupants = [self._occupant(u) for u in self.units.values() if u.state in RUNNING and u is not unit]
+        plan = plan_start(self._fleet().table.devices, occupants, unit.spec.uses)
+        if not plan.fits:
+            return plan.holders
+        if plan.evict:
+            for name in plan.evict:
+                victim = self.units[name]
+                victim.evictions += 1
+                self.on_evict(name)
+                log.warning("replica %s evicted (idle) to make room for %s", name, unit.name)
+                self._spawn_task(self._stop(victim, f"evicted for {unit.name}"))
+            return ()  # the start follows once their processes have exited
+        self._become(unit, "starting", "start requested")
+        self._spawn_task(self._run(unit))
+        return ()
+
+    def _occupant(self, unit: Unit) -> Occupant:
+        replica = self.replica(unit.name)
+        idle = replica is not None and replica.in_flight == 0
+        return Occupant(
+            unit.name,
+            unit.spec.uses,
+            evictable=unit.state == "ready" and idle and not unit.spec.keep,
+            last_used=replica.last_used if replica is not None else float("-inf"),
+        )
+
+    # --- one start, one process -----------------------------------------------------------------
+
+    async def _run(self, unit: Unit) -> None:
+        """Start the process, wait for /health, then watch it until it exits."""
+        began = self.clock()
+        process = EngineProcess(unit.name, unit.launch, unit.log_path)
+        unit.process = process
+        try:
+            await process.start()
+        except OSError as exc:
+            self._failure(unit, f"could not start: {exc.strerror or exc}")
+            self.on_load(unit.name, "error", self.clock() - began)
+            return
+        log.warning("replica %s starting (pid %s)", unit.name, process.pid)
+        exited = asyncio.get_running_loop().create_task(process.wait())
+        try:
+            ready = await self._until_healthy(unit, exited, began + unit.launch.load_timeout)
+            if unit.state != "starting":  # stopped by us meanwhile (shutdown, reload): not a failure
+                return
+            if not ready:
+                reason = (
+                    f"exited with status {exited.result()} while loading"
+                    if exited.done()
+                    else f"not healthy within its load_timeout of {unit.launch.load_timeout:g} s"
+                )
+                await process.stop()
+                self._failure(unit, reason)
+                self.on_load(unit.name, "error", self.clock() - began)
+                return
+            unit.last_load, unit.loads = self.clock() - began, unit.loads + 1
+            self.on_load(unit.name, "ok", unit.last_load)
+            replica = self.replica(unit.name)
+            if replica is not None:
+                replica.health.on_started()
+                replica.last_used = self.clock()  # a fresh start is not the least recently used
+                if self.probe is not None:
+                    with contextlib.suppress(Exception):
+                        await self.probe(replica)  # its context length and slots, at once
+            self._become(unit, "ready", f"ready in {unit.last_load:.1f} s")
+            log.warning("replica %s ready in %.1f s", unit.name, unit.last_load)
+            code = await exited
+            if self.state_of(unit) == "ready":  # not a stop of ours: a crash
+                self._failure(unit, f"exited with status {code}", restart=True)
+        finally:
+            exited.cancel()
+
+    async def _until_healthy(self, unit: Unit, exited: asyncio.Task[int], deadline: float) -> bool:
+        url = unit.spec.url + "/health"
+        while self.clock() < deadline and not exited.done() and not self.closing:
+            with contextlib.suppress(UpstreamError, OSError):
+                status, _ = await self.client.get(url, [], 2.0)
+                if status == 200:
+                    return True
+            await asyncio.wait({exited}, timeout=HEALTH_POLL)
+        return False
+
+    async def _stop(self, unit: Unit, reason: str) -> None:
+        process = unit.process
+        if unit.state in ("stopped", "failed") and (process is None or not process.running):
+            return
+        self._become(unit, "stopping", reason)
+        replica = self.replica(unit.name)
+        if replica is not None:
+            replica.health.on_stopped(reason)
+        if process is not None:
+            await process.stop()
+        self._become(unit, "stopped", reason)
+
+    def _failure(self, unit: Unit, reason: str, restart: bool = False) -> None:
+        """A crash or a failed start: counted; a restart after the backoff (at once for a replica
+        that was serving, else on the next request), or `failed`."""
+        now = self.clock()
+        restarts = self._fleet().table.restarts
+        unit.failures.append(now)
+        while unit.failures and unit.failures[0] < now - restarts.window:
+            unit.failures.popleft()
+        replica = self.replica(unit.name)
+        if replica is not None:
+            replica.health.on_stopped(reason)
+        if len(unit.failures) >= restarts.max_failures:
+            self._fail(unit, f"{reason}; {len(unit.failures)} failures within {restarts.window:g} s")
+            return
+        delay = min(restarts.first_delay * 2 ** (len(unit.failures) - 1), restarts.max_delay)
+        unit.not_before = now + delay
+        self._become(unit, "stopped", reason)
+        log.warning("replica %s: %s; next start in %.0f s at the earliest", unit.name, reason, delay)
+        if restart and not self.closing:
+            self._spawn_task(self._restart(unit, delay))
+
+    async def _restart(self, unit: Unit, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if unit.state == "stopped" and not self.closing and self.units.get(unit.name) is unit:
+            occupants = [self._occupant(u) for u in self.units.values() if u.state in RUNNING]
+            plan = plan_start(self._fleet().table.devices, occupants, unit.spec.uses)
+            if plan.fits and not plan.evict:  # a restart takes free room only; a request may evict
+                self._try_start(unit)
+
+    async def _unhealthy(self, unit: Unit, why: str) -> None:
+        """Ready, process alive, but its health probes fail: a crash in all but name."""
+        self._become(unit, "stopping", why)
+        if unit.process is not None:
+            await unit.process.stop()
+        self._failure(unit, why, restart=True)
+
+    def _fail(self, unit: Unit, reason: str) -> None:
+        self._become(unit, "failed", reason)
+        log.error("replica %s failed: %s", unit.name, reason)
+
+    # --- the watch: idle unload, a ready replica whose health failed ------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            now = self.clock()
+            for unit in list(self.units.values()):
+                replica = self.replica(unit.name)
+                if unit.state != "ready" or replica is None:
+                    continue
+                if replica.health.status is Status.DOWN:
+                    self._spawn_task(self._unhealthy(unit, f"health failed ({replica.health.last_reason})"))
+                    continue
+                if replica.in_flight:
+                    continue
+                if unit.spec.idle_unload and now - replica.last_used >= unit.spec.idle_unload:
+                    log.warning("replica %s idle for %.0f s: stopping it", unit.name, now - replica.last_used)
+                    self._spawn_task(self._stop(unit, "idle"))
+
+    # --- waiting --------------------------------------------------------------------------------
+
+    @staticmethod
+    def state_of(unit: Unit) -> State:
+        """Read afresh after an await (another task may have moved it)."""
+        return unit.state
+
+    def _become(self, unit: Unit, state: State, reason: str) -> None:
+        unit.state, unit.reason, unit.since = state, reason, self.clock()
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, deadline: float) -> bool:
+        """Until any unit changes state (True), or a short tick for backoffs, or the deadline."""
+        left = deadline - self.clock()
+        if left <= 0:
+            return False
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(left, TICK)):
+                await changed.wait()
+        return True
+
+    def _spawn_task(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _port_taken(self, unit: Unit) -> bool:
+        parts = urlsplit(unit.spec.url)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname, parts.port or 80), timeout=1.0
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    # --- the errors a waiting request gets ------------------------------------------------------
+
+    def _failed(self, pool: Pool, units: list[Unit]) -> NoUpstream:
+        unit = units[0]
+        last = tail(unit.log_path, lines=5)
+        message = f"Preset '{pool.preset.name}' is failed: replica {unit.name} {unit.reason}"
+        if last:
+            message += f". Last log lines: {last}"
+        return NoUpstream(message, code="replica_failed", headers={"retry-after": "30"})
+
+    def _no_room(self, pool: Pool, holders: tuple[str, ...], waited: float) -> NoUpstream:
+        if holders:
+            held = ", ".join(f"{h} ({self._holding(h)})" for h in holders)
+            message = f"Preset '{pool.preset.name}' could not start within {waited:.0f} s: "
+            message += f"its device is held by {held}"
+        else:
+            message = f"Preset '{pool.preset.name}' did not become ready within {waited:.0f} s"
+        return NoUpstream(message, code="load_timeout", headers={"retry-after": "10"})
+
+    def _holding(self, name: str) -> str:
+        unit, replica = self.units.get(name), self.replica(name)
+        if unit is not None and unit.spec.keep:
+            return "keep"
+        if replica is not None and replica.in_flight:
+            return f"serving {replica.in_flight}"
+        return unit.state if unit is not None else "running"
+
+    # --- the operator's actions (admin endpoints) ------------------------------------------------
+
+    async def start_one(self, name: str, deadline: float) -> Unit:
+        """Start this replica (evicting idle ones if needed) and wait until it is ready."""
+        unit = self.units[name]
+        if unit.state == "failed":  # an operator's start is a fresh chance
+            unit.failures.clear()
+            unit.not_before = 0.0
+            self._become(unit, "stopped", "start requested by an operator")
+        holders: tuple[str, ...] = ()
+        began = self.clock()
+        while unit.state != "ready":
+            if unit.state == "stopped" and self.clock() >= unit.not_before:
+                holders = self._try_start(unit)
+            if unit.state == "failed" or not await self._wait_change(deadline):
+                break
+        if unit.state != "ready":
+            fleet = self._fleet()
+            pool = next(p for p in fleet.pools.values() if any(r.name == name for r in p.replicas))
+            raise (
+                self._failed(pool, [unit])
+                if unit.state == "failed"
+                else self._no_room(pool, holders, self.clock() - began)
+            )
+        return unit
+
+    async def stop_one(self, name: str) -> Unit:
+        """Stop it once its running answers end (new requests go elsewhere or start it again)."""
+        unit = self.units[name]
+        replica = self.replica(name)
+        if unit.state == "ready":
+            self._become(unit, "stopping", "stop requested by an operator")  # no new picks
+            while replica is not None and replica.in_flight:
+                await self._wait_change(self.clock() + TICK)
+        await self._stop(unit, "stopped by an operator")
+        return unit
+
+    # --- the operator's view --------------------------------------------------------------------
+
+    def view(self) -> list[dict[str, object]]:
+        now = self.clock()
+        out = []
+        for unit in self.units.values():
+            replica = self.replica(unit.name)
+            out.append(
+                {
+                    "name": unit.name,
+                    "state": unit.state,
+                    "reason": unit.reason,
+                    "since_s": round(now - unit.since, 1),
+                    "uses": dict(unit.spec.uses),
+                    "in_flight": replica.in_flight if replica is not None else 0,
+                    "idle_s": round(now - replica.last_used, 1)
+                    if replica is not None and replica.last_used > float("-inf")
+                    else None,
+                    "last_load_s": None if unit.last_load is None else round(unit.last_load, 2),
+                    "loads": unit.loads,
+                    "evictions": unit.evictions,
+                    "pid": unit.process.pid if unit.process is not None and unit.process.running else None,
+                    "log_tail": tail(unit.log_path, lines=10) if unit.state == "failed" else "",
+                }
+            )
+        return out
