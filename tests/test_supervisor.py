@@ -319,3 +319,39 @@ routing: {{default: m}}
             assert chat(gw, "m").status_code == 200
     finally:
         replica_server.stop()
+
+
+def test_a_streaming_client_hears_loading_comments_then_its_answer(tmp_path: Path) -> None:
+    port = free_port()
+    loading = sim(port, "a", **{"load-seconds": 3})  # llama-server answers 503 'Loading model' meanwhile
+    with run_gateway(table({"a": replica("a0", port, loading)}), state_dir=tmp_path) as gw:
+        response = chat(gw, "a", stream=True)
+        assert response.status_code == 200
+        text = response.text
+        comments = [line for line in text.splitlines() if line.startswith(": loading a, ")]
+        assert comments, text[:500]  # the first after 1 s, then every 5 s
+        assert text.index(comments[0]) < text.index("data: ")  # before the replica's first byte
+        assert data_events(response.content)[-1] == "[DONE]"
+        entry = eventually(lambda: [e for e in gw.log_entries() if e.get("load_wait_ms")])
+        assert entry and entry[0]["load_wait_ms"] >= 1000
+
+
+def test_a_stream_whose_replica_fails_to_load_ends_with_one_error_event(tmp_path: Path) -> None:
+    port = free_port()
+    crash = [sys.executable, "-c", "import sys, time; time.sleep(0.6); print('no CUDA device'); sys.exit(3)"]
+    with run_gateway(table({"a": replica("a0", port, crash)}), state_dir=tmp_path) as gw:
+        response = chat(gw, "a", stream=True)
+        assert response.status_code == 200  # opened by the loading comments
+        assert ": loading a, " in response.text
+        errors = [e for e in data_events(response.content) if e.startswith("{")]
+        assert len(errors) == 1 and "replica_failed" in errors[0] and "no CUDA device" in errors[0], errors
+        assert "[DONE]" not in response.text
+
+
+def test_a_non_streaming_client_waits_silently(tmp_path: Path) -> None:
+    port = free_port()
+    loading = sim(port, "a", **{"load-seconds": 2})
+    with run_gateway(table({"a": replica("a0", port, loading)}), state_dir=tmp_path) as gw:
+        response = chat(gw, "a")
+        assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"]
+        assert not response.text.startswith(":")

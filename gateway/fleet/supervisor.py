@@ -45,6 +45,9 @@ State = Literal["stopped", "starting", "ready", "stopping", "failed"]
 RUNNING: frozenset[State] = frozenset({"starting", "ready", "stopping"})  # holds its devices
 TICK = 0.5  # the idle and health watch
 HEALTH_POLL = 0.25  # while a start waits for /health
+# A streaming client waiting for a load hears from the gateway soon, then every few seconds, so
+# that neither it nor a proxy in between gives up on a silent connection.
+LOADING_FIRST, LOADING_EVERY = 1.0, 5.0
 
 
 @dataclass
@@ -164,15 +167,24 @@ class Supervisor:
 
     # --- the request path -----------------------------------------------------------------------
 
-    async def ensure(self, pool: Pool, deadline: float) -> float:
+    async def ensure(
+        self, pool: Pool, deadline: float, notify: Callable[[float], Awaitable[None]] | None = None
+    ) -> float:
         """Until a replica of `pool` can take the request: 0 at once when one is ready (or the pool
-        has replicas the gateway does not launch); else the seconds spent starting one."""
+        has replicas the gateway does not launch); else the seconds spent starting one. `notify`
+        hears the seconds waited so far, the first time after LOADING_FIRST, then every
+        LOADING_EVERY (a streaming client's `: loading` comments)."""
         units = [u for r in pool.replicas if (u := self.units.get(r.name)) is not None]
         if not units or len(units) < len(pool.replicas) or any(u.state == "ready" for u in units):
             return 0.0
         began = self.clock()
         holders: tuple[str, ...] = ()
+        notice = LOADING_FIRST
         while True:
+            waited = self.clock() - began
+            if notify is not None and waited >= notice:
+                await notify(waited)
+                notice += LOADING_EVERY
             if self.closing:
                 raise NoUpstream("The gateway is shutting down", headers={"retry-after": "5"})
             if any(u.state == "ready" for u in units):

@@ -51,6 +51,9 @@ class Exchange:
     answer: Answer = field(default_factory=Answer)
     prompt: Any = None  # only with GATEWAY_LOG_PROMPTS
     headers_sent: bool = False
+    # The gateway opened the SSE stream itself (loading comments) before any replica answered:
+    # a failure from here on is an error event, not an error response.
+    stream_opened: bool = False
 
     @property
     def status_class(self) -> str:

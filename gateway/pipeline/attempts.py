@@ -85,6 +85,8 @@ class Attempt:
     pinned: str | None = None  # the one replica that holds what this request refers to
     method: str = "POST"
     path: str | None = None  # the upstream path when it is the client's own (a stored response)
+    # Called while a launched replica starts for this request (a stream's `: loading` comments).
+    on_load_wait: Callable[[float], Awaitable[None]] | None = None
 
     def unfit(self) -> list[str]:
         """Replicas this request must never reach: an engine without the endpoint, or any
@@ -99,7 +101,9 @@ class Attempt:
 class Lifecycle(Protocol):
     """What the request path needs from the supervisor of launched replicas (fleet/supervisor.py)."""
 
-    async def ensure(self, pool: Pool, deadline: float) -> float: ...
+    async def ensure(
+        self, pool: Pool, deadline: float, notify: Callable[[float], Awaitable[None]] | None = None
+    ) -> float: ...
 
     def unavailable(self, pool: Pool) -> list[str]: ...
 
@@ -206,7 +210,7 @@ class Dispatcher:
             # A preset whose launched replicas are all stopped starts one and waits for it, within
             # `timeouts.load`; a retry finds it starting or ready and never starts a second.
             load_deadline = min(attempt.deadline, self.clock() + pool.preset.timeouts.load)
-            waited = await self.lifecycle.ensure(pool, load_deadline)
+            waited = await self.lifecycle.ensure(pool, load_deadline, attempt.on_load_wait)
             if waited:
                 ex.load_wait = (ex.load_wait or 0.0) + waited
             stopped = self.lifecycle.unavailable(pool)  # never picked, not even by panic routing

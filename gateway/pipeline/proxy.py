@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.registry import STORED, Endpoint
 from gateway.errors import (
@@ -183,6 +185,12 @@ class Proxy:
         try:
             await steps
         except GatewayError as error:
+            if ex.stream_opened:
+                # Loading comments opened the stream: the failure is its one error event.
+                ex.outcome = "upstream_error" if ex.attempts else "rejected"
+                ex.error_code = str(error.code)
+                await relay.end_stream(send, ex, error.message, str(error.code), endpoint.dialect)
+                return
             if ex.headers_sent:
                 raise
             if isinstance(error, GatewayBug):
@@ -227,6 +235,12 @@ class Proxy:
             forward=[(name, headers[name]) for name in endpoint.forward if name in headers],
             pinned=self._pinned(body, preset),
         )
+        if plan.stream:
+
+            async def loading(seconds: float) -> None:
+                await relay.loading_comment(send, ex, preset.name, seconds)
+
+            attempt.on_load_wait = loading
         await self._send_and_relay(attempt, plan, send)
 
     def _pinned(self, body: dict[str, Any], preset: Preset) -> str | None:
@@ -464,6 +478,11 @@ class Proxy:
         body = relay.upstream_error_body(
             response.status, data, ex.request_id, (key,) if key else (), endpoint.dialect
         )
+        if ex.stream_opened:  # the status line went out with the loading comments: an error event
+            message = endpoint.dialect.error_message(orjson.loads(body))[0]
+            raise UpstreamFailure(
+                message or f"The replica answered {response.status}", code=str(response.status)
+            )
         ex.status, ex.error_code = response.status, str(response.status)
         headers = [
             (b"content-type", b"application/json"),

@@ -151,14 +151,17 @@ async def send_stream(
 ) -> None:
     relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock, dialect=dialect, max_event=max_event)
     ex.status = response.status
-    headers = [
-        (b"content-type", response.headers.get("content-type", "text/event-stream").encode("latin-1")),
-        (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no"),
-        *gateway_headers(ex),
-    ]
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    ex.headers_sent = True
+    opened, ex.stream_opened = ex.stream_opened, False  # from here the replica's stream is relayed
+    if not opened:  # else the status line went out already, with the loading comments
+        content_type = response.headers.get("content-type", "text/event-stream").encode("latin-1")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": stream_head(ex, content_type),
+            }
+        )
+        ex.headers_sent = True
     failure: str | None = None
     guard = StallGuard(write_timeout)
     loop = asyncio.get_running_loop()
@@ -207,6 +210,26 @@ async def send_stream(
         await send({"type": "http.response.body", "body": TRAP_COMMENT, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
     ex.finished = clock()
+
+
+def stream_head(ex: Exchange, content_type: bytes = b"text/event-stream") -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", content_type),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        *gateway_headers(ex),
+    ]
+
+
+async def loading_comment(send: Send, ex: Exchange, preset: str, seconds: float) -> None:
+    """While a launched replica starts: open the stream (once) and say so in an SSE comment, which
+    every client's parser skips; the replica's events follow on the same stream."""
+    if not ex.headers_sent:
+        await send({"type": "http.response.start", "status": 200, "headers": stream_head(ex)})
+        ex.headers_sent = ex.stream_opened = True
+        ex.status = 200
+    comment = f": loading {preset}, {seconds:.0f} s\n\n".encode()
+    await send({"type": "http.response.body", "body": comment, "more_body": True})
 
 
 async def end_stream(send: Send, ex: Exchange, message: str, code: str, dialect: Dialect = OPENAI) -> None:
