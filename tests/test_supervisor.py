@@ -10,6 +10,8 @@ import concurrent.futures
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import httpx2
 import pytest
 
 from gateway.fleet.capacity import Occupant, plan_start
-from gateway.fleet.supervisor import Supervisor, Unit
+from gateway.fleet.supervisor import IDLE_AFTER, Supervisor, Unit
 from tests.support.gateway_answers import data_events, metric
 from tests.support.gateway_process import GatewayProcess, wait_until
 from tests.support.harness import Running, eventually, run_gateway
@@ -173,6 +175,7 @@ def test_a_serving_replica_is_not_evicted_and_the_other_request_gets_a_503_namin
         assert "a0 (serving 1)" in message, message
         assert data_events(streaming.result(timeout=30).content)[-1] == "[DONE]"  # never cut
         assert unit(gw, "a0").state == "ready"
+        time.sleep(IDLE_AFTER + 0.2)  # until a0 counts as idle (its last request just ended)
         assert chat(gw, "b", timeout=30).status_code == 200  # idle now: a is evicted
 
 
@@ -355,3 +358,41 @@ def test_a_non_streaming_client_waits_silently(tmp_path: Path) -> None:
         response = chat(gw, "a")
         assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"]
         assert not response.text.startswith(":")
+
+
+def test_requests_that_keep_coming_for_the_resident_preset_are_served_before_a_swap(tmp_path: Path) -> None:
+    """The swap scheduler: b's request waits while a keeps being asked for (a0 is neither idle nor
+    resident for min_resident), up to b's max_wait; then a0 drains and b starts. One swap, not one
+    per request."""
+    pa, pb = free_port(), free_port()
+    slow_a = sim(pa, "a", **{"time-scale": 1, "decode-tps": 40})  # 8 tokens: 0.2 s per answer
+    routes = table(
+        {
+            "a": replica("a0", pa, slow_a, ", uses: {gpu0: 30}"),
+            "b": replica("b0", pb, sim(pb, "b"), ", uses: {gpu0: 30}"),
+        }
+    ).replace("defaults: {timeouts:", "defaults: {min_resident: 30, max_wait: 3, timeouts:")
+    with run_gateway(routes, state_dir=tmp_path) as gw:
+        assert chat(gw, "a").status_code == 200
+        stop = threading.Event()
+        served: list[int] = []
+
+        def keep_asking_for_a() -> None:
+            while not stop.is_set() and len(served) < 200:
+                served.append(chat(gw, "a").status_code)
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pool.submit(keep_asking_for_a)
+            time.sleep(0.5)
+            before_b = len(served)
+            answer = chat(gw, "b", timeout=30)
+            during_b = len(served) - before_b
+            stop.set()
+        assert answer.status_code == 200
+        assert during_b >= 2, during_b  # a kept being served while b waited
+        assert unit(gw, "a0").evictions == 1  # one swap for b
+        wait = [
+            e["load_wait_ms"] for e in gw.log_entries() if e.get("preset") == "b" and e.get("load_wait_ms")
+        ]
+        assert wait and wait[0] >= 3000  # b waited its max_wait before a0 drained
+        assert set(served) == {200}  # a's requests after the swap waited for a0's restart, none failed

@@ -48,6 +48,8 @@ HEALTH_POLL = 0.25  # while a start waits for /health
 # A streaming client waiting for a load hears from the gateway soon, then every few seconds, so
 # that neither it nor a proxy in between gives up on a silent connection.
 LOADING_FIRST, LOADING_EVERY = 1.0, 5.0
+# A replica whose last request ended this long ago is idle: another preset may evict it at once.
+IDLE_AFTER = 2.0
 
 
 @dataclass
@@ -61,6 +63,9 @@ class Unit:
     failures: deque[float] = field(default_factory=deque)
     not_before: float = 0.0  # no start before this (the backoff after a failure)
     last_load: float | None = None  # seconds the last successful start took
+    draining: bool = False  # ready, but takes no new requests: it makes room once they end
+    claimed: bool = False  # stopped, but replicas were evicted for it: its room is held for it
+    ready_since: float | None = None
     loads: int = 0
     evictions: int = 0
 
@@ -89,6 +94,7 @@ class Supervisor:
         self.probe = probe
         self.clock = clock
         self.units: dict[str, Unit] = {}
+        self.waiting: dict[str, int] = {}  # requests waiting for a start, per preset
         self.closing = False
         self._changed: asyncio.Event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -124,7 +130,7 @@ class Supervisor:
     def unavailable(self, pool: Pool) -> list[str]:
         """Launched replicas of the pool that must not be picked (panic routing included)."""
         return [
-            r.name for r in pool.replicas if (u := self.units.get(r.name)) is not None and u.state != "ready"
+            r.name for r in pool.replicas if (u := self.units.get(r.name)) is not None and not _serving(u)
         ]
 
     def on_demand(self, pool: Pool) -> bool:
@@ -175,8 +181,27 @@ class Supervisor:
         hears the seconds waited so far, the first time after LOADING_FIRST, then every
         LOADING_EVERY (a streaming client's `: loading` comments)."""
         units = [u for r in pool.replicas if (u := self.units.get(r.name)) is not None]
-        if not units or len(units) < len(pool.replicas) or any(u.state == "ready" for u in units):
+        if not units or len(units) < len(pool.replicas) or any(_serving(u) for u in units):
             return 0.0
+        name = pool.preset.name
+        self.waiting[name] = self.waiting.get(name, 0) + 1
+        try:
+            return await self._ensure(pool, units, deadline, notify)
+        finally:
+            self.waiting[name] -= 1
+            if not self.waiting[name]:
+                for unit in units:  # nobody waits for it any more: the room it held is free again
+                    if unit.claimed and unit.state == "stopped":
+                        unit.claimed = False
+                        self._notify()
+
+    async def _ensure(
+        self,
+        pool: Pool,
+        units: list[Unit],
+        deadline: float,
+        notify: Callable[[float], Awaitable[None]] | None,
+    ) -> float:
         began = self.clock()
         holders: tuple[str, ...] = ()
         notice = LOADING_FIRST
@@ -187,7 +212,7 @@ class Supervisor:
                 notice += LOADING_EVERY
             if self.closing:
                 raise NoUpstream("The gateway is shutting down", headers={"retry-after": "5"})
-            if any(u.state == "ready" for u in units):
+            if any(_serving(u) for u in units):
                 return self.clock() - began
             live = [u for u in units if u.state != "failed"]
             if not live:
@@ -195,37 +220,59 @@ class Supervisor:
             if not any(u.state == "starting" for u in live):
                 unit = min(live, key=lambda u: u.not_before)
                 if unit.state == "stopped" and self.clock() >= unit.not_before:
-                    holders = self._try_start(unit)
+                    holders = self._try_start(unit, urgent=waited >= pool.preset.max_wait)
             if not await self._wait_change(deadline):
                 raise self._no_room(pool, holders, deadline - began)
 
-    def _try_start(self, unit: Unit) -> tuple[str, ...]:
-        """Start `unit` now if the devices allow, evicting idle occupants; else who holds them."""
-        occupants = [self._occupant(u) for u in self.units.values() if u.state in RUNNING and u is not unit]
-        plan = plan_start(self._fleet().table.devices, occupants, unit.spec.uses)
+    def _try_start(self, unit: Unit, urgent: bool = False) -> tuple[str, ...]:
+        """Start `unit` now if the devices allow, evicting idle occupants; else who holds them.
+        `urgent`: its request waited the preset's `max_wait`, so busy holders drain for it."""
+        running = [u for u in self.units.values() if (u.state in RUNNING or u.claimed) and u is not unit]
+        plan = plan_start(
+            self._fleet().table.devices, [self._occupant(u, urgent) for u in running], unit.spec.uses
+        )
         if not plan.fits:
+            if urgent:
+                for name in plan.holders:
+                    holder = self.units[name]
+                    if holder.state == "ready" and not holder.spec.keep and not holder.draining:
+                        holder.draining = True
+                        log.warning("replica %s draining to make room for %s", name, unit.name)
+                        self._notify()
             return plan.holders
         if plan.evict:
+            unit.claimed = True  # the room these evictions free is this unit's, not the next starter's
             for name in plan.evict:
                 victim = self.units[name]
                 victim.evictions += 1
                 self.on_evict(name)
                 log.warning("replica %s evicted (idle) to make room for %s", name, unit.name)
+                # Stopping now, not when the task runs: another waiter this tick must not pick it too.
+                self._become(victim, "stopping", f"evicted for {unit.name}")
                 self._spawn_task(self._stop(victim, f"evicted for {unit.name}"))
             return ()  # the start follows once their processes have exited
         self._become(unit, "starting", "start requested")
         self._spawn_task(self._run(unit))
         return ()
 
-    def _occupant(self, unit: Unit) -> Occupant:
+    def _occupant(self, unit: Unit, urgent: bool = False) -> Occupant:
+        """Evictable: ready, not `keep`, nothing in flight, and one of: idle for IDLE_AFTER, resident
+        for its preset's `min_resident`, draining, or the waiting request is `urgent`. So requests
+        that keep coming for a resident preset are served before a swap, within the other's wait."""
         replica = self.replica(unit.name)
-        idle = replica is not None and replica.in_flight == 0
-        return Occupant(
-            unit.name,
-            unit.spec.uses,
-            evictable=unit.state == "ready" and idle and not unit.spec.keep,
-            last_used=replica.last_used if replica is not None else float("-inf"),
-        )
+        now = self.clock()
+        last_used = replica.last_used if replica is not None else float("-inf")
+        evictable = False
+        if unit.state == "ready" and not unit.spec.keep and replica is not None and replica.in_flight == 0:
+            pool = self._fleet().pools.get(replica.preset)
+            min_resident = pool.preset.min_resident if pool is not None else 0.0
+            evictable = (
+                urgent
+                or unit.draining
+                or now - last_used >= IDLE_AFTER
+                or (unit.ready_since is not None and now - unit.ready_since >= min_resident)
+            )
+        return Occupant(unit.name, unit.spec.uses, evictable=evictable, last_used=last_used)
 
     # --- one start, one process -----------------------------------------------------------------
 
@@ -319,7 +366,7 @@ class Supervisor:
     async def _restart(self, unit: Unit, delay: float) -> None:
         await asyncio.sleep(delay)
         if unit.state == "stopped" and not self.closing and self.units.get(unit.name) is unit:
-            occupants = [self._occupant(u) for u in self.units.values() if u.state in RUNNING]
+            occupants = [self._occupant(u) for u in self.units.values() if u.state in RUNNING or u.claimed]
             plan = plan_start(self._fleet().table.devices, occupants, unit.spec.uses)
             if plan.fits and not plan.evict:  # a restart takes free room only; a request may evict
                 self._try_start(unit)
@@ -345,6 +392,9 @@ class Supervisor:
                 replica = self.replica(unit.name)
                 if unit.state != "ready" or replica is None:
                     continue
+                if unit.draining and not any(n for p, n in self.waiting.items() if p != replica.preset):
+                    unit.draining = False  # whoever it drained for gave up or was served
+                    self._notify()
                 if replica.health.status is Status.DOWN:
                     self._spawn_task(self._unhealthy(unit, f"health failed ({replica.health.last_reason})"))
                     continue
@@ -363,6 +413,11 @@ class Supervisor:
 
     def _become(self, unit: Unit, state: State, reason: str) -> None:
         unit.state, unit.reason, unit.since = state, reason, self.clock()
+        if state != "stopped":
+            unit.claimed = False
+        if state != "ready":
+            unit.draining = False
+        unit.ready_since = unit.since if state == "ready" else None
         self._notify()
 
     def _notify(self) -> None:
@@ -471,6 +526,7 @@ class Supervisor:
                 {
                     "name": unit.name,
                     "state": unit.state,
+                    "draining": unit.draining,
                     "reason": unit.reason,
                     "since_s": round(now - unit.since, 1),
                     "uses": dict(unit.spec.uses),
@@ -486,3 +542,8 @@ class Supervisor:
                 }
             )
         return out
+
+
+def _serving(unit: Unit) -> bool:
+    """Ready and taking new requests."""
+    return unit.state == "ready" and not unit.draining

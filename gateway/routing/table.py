@@ -172,6 +172,11 @@ class _Inherited(_Strict):
     retries: Retries | None = None
     prefix: Prefix | None = None
     abort_on_disconnect: bool | None = None
+    # Swaps on a shared device (fleet/supervisor.py): a started replica that keeps getting requests
+    # stays this long before another preset's request may evict it ...
+    min_resident: float | None = Field(None, ge=0)
+    # ... unless that request has waited this long; then it drains and makes room.
+    max_wait: float | None = Field(None, ge=0)
     params: dict[str, Any] | None = None
 
     _params_are_json = field_validator("params")(_json_params)
@@ -222,6 +227,8 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "min_max_tokens": 1024,
     "policy": "round_robin",
     "abort_on_disconnect": True,
+    "min_resident": 30.0,
+    "max_wait": 60.0,
     "params": {},
 }
 
@@ -245,6 +252,8 @@ class Preset:
     retries: Retries
     prefix: Prefix
     abort_on_disconnect: bool
+    min_resident: float
+    max_wait: float
     params: Mapping[str, Any]
     replicas: tuple[ReplicaSpec, ...]
     discover: Discover | None
@@ -441,6 +450,8 @@ def _resolve_preset(name: str, defaults: _Inherited, spec: PresetSpec) -> Preset
         retries=Retries.model_validate(merged("retries")),
         prefix=Prefix.model_validate(merged("prefix")),
         abort_on_disconnect=pick("abort_on_disconnect"),
+        min_resident=pick("min_resident"),
+        max_wait=pick("max_wait"),
         params={**(defaults.params or {}), **(spec.params or {})},
         replicas=tuple(spec.replicas),
         discover=spec.discover,
