@@ -20,54 +20,15 @@ import threading
 import time
 from pathlib import Path
 
-import httpx2
-import orjson
-
 from bench.proxycost.host import run_fields
 
 CHAT = "/v1/chat/completions"
 
 
-def routes(urls: list[str]) -> str:
-    listing = ", ".join(f'{{name: r{i}, url: "{url}", engine: llamacpp}}' for i, url in enumerate(urls))
-    return f"""
-defaults: {{min_max_tokens: 0, timeouts: {{connect: 2, first_byte: 30, idle: 10, read: 60}}}}
-health: {{interval: 1, timeout: 1}}
-presets:
-  m: {{served_model: tiny, replicas: [{listing}]}}
-routing: {{default: m}}
-"""
-
-
-def stream_once(url: str, max_tokens: int) -> str:
-    body = {
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "stream": True,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,  # the random model would stop at random; these streams must last
-    }
-    got_bytes = False
-    try:
-        with httpx2.stream("POST", url + CHAT, json=body, timeout=60) as response:
-            if response.status_code != 200:
-                response.read()
-                return "failed_before_bytes"
-            last = ""
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    got_bytes, last = True, line
-            if last == "data: [DONE]":
-                return "done"
-            if last.startswith("data: {") and "error" in orjson.loads(last[6:]):
-                return "error_event"
-            return "truncated"
-    except httpx2.HTTPError:
-        return "truncated" if got_bytes else "failed_before_bytes"
-
-
 def main() -> None:
     from tests.real.backends import LlamaServer, ensure_gguf
     from tests.support.harness import run_gateway
+    from tests.support.streams import kill_routes, stream_once
 
     parser = argparse.ArgumentParser(prog="python -m bench.killcut", description=__doc__)
     parser.add_argument("--streams", type=int, default=2000)
@@ -85,7 +46,7 @@ def main() -> None:
     kills = 0
     started = time.monotonic()
     try:
-        with run_gateway(routes([s.url for s in servers])) as gw:
+        with run_gateway(kill_routes([s.url for s in servers])) as gw:
 
             def client() -> None:
                 while not stop.is_set():

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from tests.support.harness import Running, eventually, run_gateway
+from tests.support.streams import kill_routes, stream_once
 
 from .backends import LlamaServer
 
@@ -33,42 +34,7 @@ def pair(tiny_gguf: Path) -> Iterator[tuple[LlamaServer, LlamaServer]]:
 
 
 def routes(replicas: tuple[LlamaServer, ...]) -> str:
-    listing = ", ".join(f'{{name: r{i}, url: "{r.url}", engine: llamacpp}}' for i, r in enumerate(replicas))
-    return f"""
-defaults: {{min_max_tokens: 0, timeouts: {{connect: 2, first_byte: 30, idle: 10, read: 60}}}}
-health: {{interval: 1, timeout: 1}}
-presets:
-  m: {{served_model: tiny, replicas: [{listing}]}}
-routing: {{default: m}}
-"""
-
-
-def stream_once(url: str, max_tokens: int) -> str:
-    """One streamed request; returns how it ended: done | error_event | failed_before_bytes | truncated."""
-    body = {
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "stream": True,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,  # the random model would stop at random; these streams must last
-    }
-    got_bytes = False
-    try:
-        with httpx2.stream("POST", url + CHAT, json=body, timeout=60) as response:
-            if response.status_code != 200:
-                response.read()
-                return f"failed_before_bytes: {response.status_code}"
-            last = ""
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    got_bytes = True
-                    last = line
-            if last == "data: [DONE]":
-                return "done"
-            if last.startswith("data: {") and "error" in orjson.loads(last[6:]):
-                return "error_event"
-            return "truncated"
-    except httpx2.HTTPError as exc:
-        return "truncated" if got_bytes else f"failed_before_bytes: {type(exc).__name__}"
+    return kill_routes([r.url for r in replicas])
 
 
 def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
