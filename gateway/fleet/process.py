@@ -107,11 +107,6 @@ class EngineProcess:
             await process.wait()
         self._signal(signal.SIGKILL)  # anything the engine left in its group
 
-    def kill_now(self) -> None:
-        """At interpreter exit, when no loop is left to wait on: the whole group, at once."""
-        if self.running:
-            self._signal(signal.SIGKILL)
-
     def _signal(self, sig: int) -> None:
         if self.process is None:
             return

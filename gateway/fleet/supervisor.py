@@ -15,6 +15,10 @@ request's. Which occupants make room is `capacity.plan_start` (pure); processes 
 A request for a preset whose launched replicas are all stopped calls `ensure`, which starts one
 (evicting idle replicas of other presets where the devices are short) and waits, within the
 preset's `timeouts.load`, until it is ready. Replicas without `launch` are never touched.
+
+A ready replica may be `draining` (a flag, shown by `ps`): another preset's request has waited its
+`max_wait`, so it takes no new requests and is evicted once the running ones end. Until then, one
+that keeps getting requests stays for its preset's `min_resident` (`_occupant` says who may go).
 """
 
 from __future__ import annotations
@@ -165,11 +169,6 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*(self._stop(u, "the gateway stopped") for u in self.units.values()))
-
-    def kill_all(self) -> None:
-        for unit in self.units.values():
-            if unit.process is not None:
-                unit.process.kill_now()
 
     # --- the request path -----------------------------------------------------------------------
 
