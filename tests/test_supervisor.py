@@ -396,3 +396,32 @@ def test_requests_that_keep_coming_for_the_resident_preset_are_served_before_a_s
         ]
         assert wait and wait[0] >= 3000  # b waited its max_wait before a0 drained
         assert set(served) == {200}  # a's requests after the swap waited for a0's restart, none failed
+
+
+@pytest.mark.anyio
+async def test_a_delegation_over_mcp_reports_the_load_as_progress(tmp_path: Path) -> None:
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    port = free_port()
+    loading = sim(port, "a", **{"load-seconds": 2})
+    seen: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    with run_gateway(table({"a": replica("a0", port, loading)}), state_dir=tmp_path) as gw:
+        async with (
+            httpx2.AsyncClient(timeout=60) as http,
+            streamable_http_client(gw.url + "/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as client,
+        ):
+            await client.initialize()
+            result = await client.call_tool(
+                "delegate",
+                {"task": "x", "preset": "a", "prompt": "hi", "max_tokens": 8},
+                progress_callback=on_progress,
+            )
+    assert not result.is_error, result.content
+    assert any(m.startswith("loading a, ") for m in seen), seen
+    assert result.structured_content is not None and result.structured_content["replica"] == "a0"

@@ -68,6 +68,10 @@ class _Stream:
         self.parts: list[str] = []
         self.tokens = 0
         self.whole = bytearray()  # a non-SSE answer (an error envelope)
+        self.loading: str | None = None  # the gateway's latest `: loading PRESET, N s` comment
+        self.replica: str | None = (
+            None  # `: replica NAME`, when the stream opened before a replica was chosen
+        )
 
     def feed(self, chunk: bytes, sse: bool) -> None:
         if not sse:
@@ -80,6 +84,10 @@ class _Stream:
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     self._data(line[5:].strip())
+                elif line.startswith(b": loading "):
+                    self.loading = line[2:].decode("utf-8", "replace")
+                elif line.startswith(b": replica "):
+                    self.replica = line[10:].decode("utf-8", "replace")
 
     def _data(self, data: bytes) -> None:
         if data == b"[DONE]" or not data:
@@ -147,7 +155,12 @@ async def run(
             outcome.preset = headers.get("x-gateway-preset", "")
             outcome.replica = headers.get("x-gateway-replica", "")
         elif message["type"] == "http.response.body":
+            loading = stream.loading
             stream.feed(message.get("body", b""), sse)
+            if stream.replica:
+                outcome.replica = stream.replica
+            if progress is not None and stream.loading is not None and stream.loading != loading:
+                await progress(0, stream.loading)  # the preset must start first: say so
             now = clock()
             if progress is not None and stream.tokens and now - last_report >= PROGRESS_EVERY:
                 last_report = now

@@ -152,7 +152,16 @@ async def send_stream(
     relay = SseRelay(ex.answer, drop_usage=drop_usage, clock=clock, dialect=dialect, max_event=max_event)
     ex.status = response.status
     opened, ex.stream_opened = ex.stream_opened, False  # from here the replica's stream is relayed
-    if not opened:  # else the status line went out already, with the loading comments
+    if opened:
+        # The headers left before a replica was chosen: its name follows as a comment instead.
+        await send(
+            {
+                "type": "http.response.body",
+                "body": b": replica %s\n\n" % ex.replica.encode(),
+                "more_body": True,
+            }
+        )
+    else:
         content_type = response.headers.get("content-type", "text/event-stream").encode("latin-1")
         await send(
             {
