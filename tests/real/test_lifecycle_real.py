@@ -8,6 +8,7 @@ words, and no llama-server left behind when the gateway stops.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import pytest
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.rawhttp import free_port
 
-from .backends import llama_server_binary
+from .backends import VllmServer, llama_server_binary
 
 
 def launch(name: str, port: int, model: Path, extra: str = "") -> str:
@@ -123,3 +124,39 @@ def test_a_llama_server_that_cannot_load_ends_failed_with_its_log(tmp_path: Path
         assert error["code"] == "replica_failed"
         assert "exited with status" in error["message"] and "Last log lines" in error["message"], error
         assert gw.gateway.supervisor.units["m0"].state == "failed"
+
+
+def test_a_stream_that_arrives_while_a_launched_vllm_loads_hears_loading_then_its_answer(
+    tiny_hf: Path, tmp_path: Path
+) -> None:
+    """vLLM refuses connections while it builds its engine (20-30 s on CPU): the streaming client
+    gets `: loading` comments on an open stream, then the answer, from a vLLM the gateway started."""
+    port = free_port()
+    spec = VllmServer(tiny_hf, "tiny", port=port, cpu=1)  # only for its command line and environment
+    env = {k: v for k, v in spec.environment().items() if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_"))}
+    cmd = ", ".join(json.dumps(a) for a in spec.command())
+    replica = (
+        f'{{name: v0, url: "http://127.0.0.1:{port}", engine: vllm, '
+        f"launch: {{cmd: [{cmd}], env: {json.dumps(env)}, grace: 10, load_timeout: 300}}}}"
+    )
+    routes = table({"v": replica}).replace("timeouts: {load: 60}", "timeouts: {load: 300}")
+    with run_gateway(routes, state_dir=tmp_path) as gw:
+        body = {
+            "model": "v",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        with httpx2.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=300) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        unit = gw.gateway.supervisor.units["v0"]
+        pid = unit.process.pid if unit.process is not None else None
+        cold = unit.last_load
+    loading = [line for line in lines if line.startswith(": loading v, ")]
+    assert loading, lines[:5]
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    assert lines.index(loading[0]) < first_data
+    assert lines[-1] == "data: [DONE]"
+    assert not alive(pid), "the launched vLLM outlived the gateway"
+    print(f"lifecycle (real): launched vLLM cold start {cold:.1f} s, {len(loading)} loading comments")
