@@ -425,3 +425,27 @@ async def test_a_delegation_over_mcp_reports_the_load_as_progress(tmp_path: Path
     assert not result.is_error, result.content
     assert any(m.startswith("loading a, ") for m in seen), seen
     assert result.structured_content is not None and result.structured_content["replica"] == "a0"
+
+
+def test_a_vllm_with_sleep_sleeps_to_make_room_and_wakes_instead_of_a_cold_start(tmp_path: Path) -> None:
+    pa, pb = free_port(), free_port()
+    vllm = [sys.executable, "-m", "gateway.simulator", "--engine", "vllm", "--port", str(pa), "--model", "a"]
+    vllm += ["--time-scale", "0"]
+    sleeper = (
+        f'{{name: a0, url: "http://127.0.0.1:{pa}", engine: vllm, '
+        f"launch: {{cmd: [{', '.join(repr(x) for x in vllm)}], sleep: true, grace: 5}}, uses: {{gpu0: 30}}}}"
+    ).replace("'", '"')
+    routes = table({"a": sleeper, "b": replica("b0", pb, sim(pb, "b"), ", uses: {gpu0: 30}")})
+    with run_gateway(routes, state_dir=tmp_path) as gw:
+        assert chat(gw, "a").status_code == 200
+        pid = unit(gw, "a0").process.pid  # type: ignore[union-attr]
+        time.sleep(IDLE_AFTER + 0.2)
+        assert chat(gw, "b").status_code == 200  # a0 sleeps to make room: alive, its device freed
+        assert unit(gw, "a0").state == "sleeping" and alive(pid)
+        assert httpx2.get(f"http://127.0.0.1:{pa}/is_sleeping", timeout=5).json() == {"is_sleeping": True}
+        time.sleep(IDLE_AFTER + 0.2)
+        assert chat(gw, "a").status_code == 200  # woken, not started again
+        assert unit(gw, "a0").state == "ready" and unit(gw, "a0").process.pid == pid  # type: ignore[union-attr]
+        assert unit(gw, "a0").reason.startswith("woke in")
+        assert httpx2.get(f"http://127.0.0.1:{pa}/is_sleeping", timeout=5).json() == {"is_sleeping": False}
+        assert metric(gw.metrics(), "gateway_replica_state", replica="b0", state="stopped") == 1

@@ -187,7 +187,11 @@ def test_launch_keys_load_with_their_defaults() -> None:
         ("preload: [a]", "preload: [zz]", "preload[0]: 'zz' is not a preset"),
         ("127.0.0.1:9001", "10.0.0.5:9001", "a launched replica listens on this machine"),
         ("launch: {cmd: [vllm, serve, x]}, ", "", "uses: only for a replica the gateway launches"),
-        ("cmd: [vllm, serve, x]", "cmd: [vllm], sleep: true", "sleep mode is not supported yet"),
+        (
+            "engine: vllm, launch: {cmd: [vllm, serve, x]}",
+            "engine: llamacpp, launch: {cmd: [x], sleep: true}",
+            "only vLLM has a sleep mode",
+        ),
         ("cmd: [vllm, serve, x]", "cmd: []", "launch.cmd"),
     ],
 )

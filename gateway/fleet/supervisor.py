@@ -7,6 +7,8 @@ request's. Which occupants make room is `capacity.plan_start` (pure); processes 
 `process.EngineProcess`; readiness is the replica's own `/health` answering 200.
 
     stopped --start--> starting --/health 200--> ready --idle/evicted--> stopping --> stopped
+                          ^                        |   (vLLM `sleep: true`: --> sleeping, its
+                          +------- /wake_up -------+    device freed; a wake is a fast start)
        ^                  |                        |
        |                  +--exit, timeout--+      +--exit (crash)--+
        |                                    v                       v
@@ -41,11 +43,11 @@ from gateway.fleet.process import EngineProcess, tail
 from gateway.fleet.replicas import Fleet, Pool, Replica
 from gateway.routing.table import Launch, ReplicaSpec
 from gateway.types import Clock
-from gateway.upstream import UpstreamClient, UpstreamError
+from gateway.upstream import Timeouts, UpstreamClient, UpstreamError
 
 log = logging.getLogger("gateway")
 
-State = Literal["stopped", "starting", "ready", "stopping", "failed"]
+State = Literal["stopped", "starting", "ready", "stopping", "sleeping", "failed"]
 RUNNING: frozenset[State] = frozenset({"starting", "ready", "stopping"})  # holds its devices
 TICK = 0.5  # the idle and health watch
 HEALTH_POLL = 0.25  # while a start waits for /health
@@ -217,8 +219,9 @@ class Supervisor:
             if not live:
                 raise self._failed(pool, units)
             if not any(u.state == "starting" for u in live):
-                unit = min(live, key=lambda u: u.not_before)
-                if unit.state == "stopped" and self.clock() >= unit.not_before:
+                # A sleeping replica wakes in seconds: it goes before a cold start.
+                unit = min(live, key=lambda u: (u.state != "sleeping", u.not_before))
+                if unit.state in ("stopped", "sleeping") and self.clock() >= unit.not_before:
                     holders = self._try_start(unit, urgent=waited >= pool.preset.max_wait)
             if not await self._wait_change(deadline):
                 raise self._no_room(pool, holders, deadline - began)
@@ -248,8 +251,12 @@ class Supervisor:
                 log.warning("replica %s evicted (idle) to make room for %s", name, unit.name)
                 # Stopping now, not when the task runs: another waiter this tick must not pick it too.
                 self._become(victim, "stopping", f"evicted for {unit.name}")
-                self._spawn_task(self._stop(victim, f"evicted for {unit.name}"))
+                self._spawn_task(self._put_away(victim, f"evicted for {unit.name}"))
             return ()  # the start follows once their processes have exited
+        if unit.state == "sleeping":
+            self._become(unit, "starting", "waking up")
+            self._spawn_task(self._wake(unit))
+            return ()
         self._become(unit, "starting", "start requested")
         self._spawn_task(self._run(unit))
         return ()
@@ -314,7 +321,7 @@ class Supervisor:
             self._become(unit, "ready", f"ready in {unit.last_load:.1f} s")
             log.warning("replica %s ready in %.1f s", unit.name, unit.last_load)
             code = await exited
-            if self.state_of(unit) == "ready":  # not a stop of ours: a crash
+            if self.state_of(unit) in ("ready", "sleeping", "starting"):  # not a stop of ours: a crash
                 self._failure(unit, f"exited with status {code}", restart=True)
         finally:
             exited.cancel()
@@ -328,6 +335,45 @@ class Supervisor:
                     return True
             await asyncio.wait({exited}, timeout=HEALTH_POLL)
         return False
+
+    async def _put_away(self, unit: Unit, reason: str) -> None:
+        """Make room: a vLLM with `sleep: true` sleeps (still alive, its device freed), else stop."""
+        if unit.launch.sleep and unit.process is not None and unit.process.running:
+            self._become(unit, "stopping", f"going to sleep ({reason})")
+            replica = self.replica(unit.name)
+            if replica is not None:
+                replica.health.on_stopped("sleeping")
+            if await self._post(unit, "/sleep?level=1"):
+                self._become(unit, "sleeping", reason)
+                return
+            log.warning("replica %s did not sleep: stopping it instead", unit.name)
+        await self._stop(unit, reason)
+
+    async def _wake(self, unit: Unit) -> None:
+        began = self.clock()
+        if await self._post(unit, "/wake_up"):
+            unit.last_load, unit.loads = self.clock() - began, unit.loads + 1
+            self.on_load(unit.name, "ok", unit.last_load)
+            replica = self.replica(unit.name)
+            if replica is not None:
+                replica.health.on_started()
+                replica.last_used = self.clock()
+            self._become(unit, "ready", f"woke in {unit.last_load:.1f} s")
+            log.warning("replica %s woke up in %.1f s", unit.name, unit.last_load)
+            return
+        log.warning("replica %s did not wake up: restarting it", unit.name)
+        await self._stop(unit, "wake_up failed")  # the next request starts it afresh
+
+    async def _post(self, unit: Unit, path: str) -> bool:
+        try:
+            response = await self.client.send(unit.spec.url + path, [], b"", Timeouts(5.0, 120.0, 120.0))
+            try:
+                await response.read(4096)
+                return response.status == 200
+            finally:
+                await response.close()
+        except (UpstreamError, OSError):
+            return False
 
     async def _stop(self, unit: Unit, reason: str) -> None:
         process = unit.process
@@ -400,8 +446,10 @@ class Supervisor:
                 if replica.in_flight:
                     continue
                 if unit.spec.idle_unload and now - replica.last_used >= unit.spec.idle_unload:
-                    log.warning("replica %s idle for %.0f s: stopping it", unit.name, now - replica.last_used)
-                    self._spawn_task(self._stop(unit, "idle"))
+                    log.warning(
+                        "replica %s idle for %.0f s: unloading it", unit.name, now - replica.last_used
+                    )
+                    self._spawn_task(self._put_away(unit, "idle"))
 
     # --- waiting --------------------------------------------------------------------------------
 
@@ -489,7 +537,7 @@ class Supervisor:
         holders: tuple[str, ...] = ()
         began = self.clock()
         while unit.state != "ready":
-            if unit.state == "stopped" and self.clock() >= unit.not_before:
+            if unit.state in ("stopped", "sleeping") and self.clock() >= unit.not_before:
                 holders = self._try_start(unit)
             if unit.state == "failed" or not await self._wait_change(deadline):
                 break

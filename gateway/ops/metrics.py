@@ -245,7 +245,7 @@ class Metrics:
             self._child(self.thinking_trap, preset, replica).inc()
 
 
-STATES = ("stopped", "starting", "ready", "stopping", "failed")
+STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
 
 
 class _StateCollector(Collector):

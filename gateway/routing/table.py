@@ -105,14 +105,10 @@ class Launch(_Strict):
     stop: list[str] | None = None  # default: SIGTERM to the process group, SIGKILL after `grace`
     grace: float = Field(30.0, gt=0)
     load_timeout: float = Field(900.0, gt=0)  # one start, until /health answers 200
-    sleep: bool = False  # vLLM sleep/wake instead of stop/start: not built yet, so only `false`
-
-    @field_validator("sleep")
-    @classmethod
-    def _no_sleep_yet(cls, sleep: bool) -> bool:
-        if sleep:
-            raise ValueError("sleep mode is not supported yet; leave it false (the replica is stopped)")
-        return sleep
+    # vLLM only: make room by `POST /sleep?level=1` (weights to CPU RAM, KV cache freed) and come
+    # back by `POST /wake_up`, instead of stop and start; needs `--enable-sleep-mode` and
+    # VLLM_SERVER_DEV_MODE=1 on the engine. A failed sleep or wake falls back to stop and start.
+    sleep: bool = False
 
 
 class ReplicaSpec(_Strict):
@@ -510,6 +506,10 @@ def _launch_problems(where: str, replica: ReplicaSpec, devices: Mapping[str, flo
             if key in replica.model_fields_set:
                 problems.append(f"{where}.{key}: only for a replica the gateway launches (add `launch`)")
         return problems
+    if replica.launch.sleep and replica.engine != "vllm":
+        problems.append(
+            f"{where}.launch.sleep: only vLLM has a sleep mode; use stop and start for {replica.engine}"
+        )
     host = urlsplit(replica.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         problems.append(f"{where}.url: a launched replica listens on this machine (127.0.0.1), not {host}")

@@ -161,6 +161,7 @@ class Replica:
         self.responses = responses.Store(config)
         self.created = int(time.time())
         self.ready_at = time.monotonic() + config.load_seconds
+        self.sleeping = False  # vLLM's sleep mode (`--enable-sleep-mode`, dev-mode endpoints)
 
     def loading(self) -> bool:
         # vLLM has no such phase on the wire: serve_sim simply binds the socket late.
@@ -268,6 +269,13 @@ class Replica:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200) if self.vllm else _json({"status": "ok"})
+
+    async def sleep_mode(self, request: Request) -> Response:
+        """POST /sleep?level=1 and /wake_up, GET /is_sleeping, as vLLM's dev-mode server has them."""
+        if request.url.path == "/is_sleeping":
+            return _json({"is_sleeping": self.sleeping})
+        self.sleeping = request.url.path == "/sleep"
+        return Response(status_code=200)
 
     async def version(self, request: Request) -> Response:
         return _json({"version": "0.32.0"})
@@ -435,6 +443,10 @@ class _Gate:
             if rep.loading() and path not in ("/v1/models", "/models"):
                 await _send_json(send, 503, LOADING)
                 return
+            if rep.sleeping and path.startswith("/v1/") and path != "/v1/models":
+                # Asleep, its weights are off the device: nothing can be generated until /wake_up.
+                await _send_json(send, 503, {"error": {"message": "the engine is sleeping", "code": 503}})
+                return
             key = rep.cfg.api_key
             guarded = path.startswith("/v1/") and (rep.vllm or path not in LLAMA_PUBLIC)
             guarded = guarded or (not rep.vllm and path in LLAMA_GUARDED)
@@ -495,6 +507,9 @@ def create_app(config: SimConfig) -> Starlette:
             Route("/ping", rep.health, methods=["GET", "POST"]),
             Route("/version", rep.version),
             Route("/load", rep.load),
+            Route("/sleep", rep.sleep_mode, methods=post),
+            Route("/wake_up", rep.sleep_mode, methods=post),
+            Route("/is_sleeping", rep.sleep_mode),
         ]
     else:
         routes += [
