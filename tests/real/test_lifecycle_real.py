@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from tests.support.gateway_process import GatewayProcess, wait_until
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.rawhttp import free_port
 
@@ -160,3 +161,41 @@ def test_a_stream_that_arrives_while_a_launched_vllm_loads_hears_loading_then_it
     assert lines[-1] == "data: [DONE]"
     assert not alive(pid), "the launched vLLM outlived the gateway"
     print(f"lifecycle (real): launched vLLM cold start {cold:.1f} s, {len(loading)} loading comments")
+
+
+def _llama_pids(port: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                argv
+                and argv[0].endswith(b"llama-server")
+                and str(port).encode() in argv
+                and alive(int(entry.name))
+            ):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_llama_server_outlives_the_gateway(tiny_gguf: Path, tmp_path: Path, sig: int) -> None:
+    port = free_port()
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        table({"m": launch("m0", port, tiny_gguf)}).replace("restarts:", "preload: [m]\nrestarts:")
+    )
+    gateway = GatewayProcess(routes, free_port(), GATEWAY_STATE_DIR=str(tmp_path)).start()
+    try:
+        assert wait_until(lambda: _llama_pids(port), 30), gateway.output()
+        pids = _llama_pids(port)
+        gateway.signal(sig)
+        assert gateway.wait(30) is not None
+        assert wait_until(lambda: not [p for p in pids if alive(p)], 15), (sig, pids)
+    finally:
+        gateway.stop()
+        for pid in _llama_pids(port):
+            os.kill(pid, signal.SIGKILL)
