@@ -22,7 +22,7 @@ import pytest
 from gateway.fleet.capacity import Occupant, plan_start
 from gateway.fleet.supervisor import IDLE_AFTER, Supervisor, Unit
 from tests.support.gateway_answers import data_events, metric
-from tests.support.gateway_process import GatewayProcess, wait_until
+from tests.support.gateway_process import GatewayProcess, pids_serving, wait_until
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.rawhttp import free_port
 from tests.support.servers import sim_replica
@@ -281,31 +281,16 @@ def test_no_engine_outlives_the_gateway_after_sigterm_or_sigkill(tmp_path: Path,
     )
     gateway = GatewayProcess(routes_file, free_port(), GATEWAY_STATE_DIR=str(tmp_path)).start()
     try:
-        assert wait_until(lambda: _engine_pids(port), 15), gateway.output()
-        pids = _engine_pids(port)
+        assert wait_until(lambda: pids_serving(port, b"gateway.simulator"), 15), gateway.output()
+        pids = pids_serving(port, b"gateway.simulator")
         gateway.signal(sig)
         assert gateway.wait(20) is not None
         # SIGTERM: the gateway stops what it started; SIGKILL: the kernel's parent-death signal does.
         assert wait_until(lambda: not [p for p in pids if alive(p)], 10), (sig, pids)
     finally:
         gateway.stop()
-        for pid in _engine_pids(port):
+        for pid in pids_serving(port, b"gateway.simulator"):
             os.kill(pid, signal.SIGKILL)
-
-
-def _engine_pids(port: int) -> list[int]:
-    """Simulator processes serving this port, found by their command line."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"gateway.simulator" in cmdline and str(port).encode() in cmdline and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 def test_the_supervisor_leaves_replicas_without_launch_alone() -> None:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, NamedTuple
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.dialects.registry import dialect_for
+from gateway.edge.guard import HeadersTooLarge
 from gateway.edge.reject import Recorder, endpoint_label
 from gateway.errors import GatewayError
 from gateway.ops.exchange import Exchange
@@ -40,12 +41,6 @@ class HeadTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"
     default_code = "header_timeout"
-
-
-class HeadTooLarge(GatewayError):
-    status = 431
-    type = "invalid_request_error"
-    default_code = "headers_too_large"
 
 
 class TooManyConnections(GatewayError):
@@ -93,7 +88,7 @@ class EdgeProtocol(HttpToolsProtocol):
             or fields > self.limits.max_header_count
         ):
             self._refuse(
-                HeadTooLarge(
+                HeadersTooLarge(
                     f"Request headers exceed the limit of {self.limits.max_header_count} fields "
                     f"or {self.limits.max_header_bytes} bytes"
                 )

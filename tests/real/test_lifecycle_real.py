@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.support.gateway_process import GatewayProcess, wait_until
+from tests.support.gateway_process import GatewayProcess, pids_serving, wait_until
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.rawhttp import free_port
 
@@ -163,24 +163,6 @@ def test_a_stream_that_arrives_while_a_launched_vllm_loads_hears_loading_then_it
     print(f"lifecycle (real): launched vLLM cold start {cold:.1f} s, {len(loading)} loading comments")
 
 
-def _llama_pids(port: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if (
-                argv
-                and argv[0].endswith(b"llama-server")
-                and str(port).encode() in argv
-                and alive(int(entry.name))
-            ):
-                found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_no_llama_server_outlives_the_gateway(tiny_gguf: Path, tmp_path: Path, sig: int) -> None:
     port = free_port()
@@ -190,12 +172,12 @@ def test_no_llama_server_outlives_the_gateway(tiny_gguf: Path, tmp_path: Path, s
     )
     gateway = GatewayProcess(routes, free_port(), GATEWAY_STATE_DIR=str(tmp_path)).start()
     try:
-        assert wait_until(lambda: _llama_pids(port), 30), gateway.output()
-        pids = _llama_pids(port)
+        assert wait_until(lambda: pids_serving(port, b"llama-server"), 30), gateway.output()
+        pids = pids_serving(port, b"llama-server")
         gateway.signal(sig)
         assert gateway.wait(30) is not None
         assert wait_until(lambda: not [p for p in pids if alive(p)], 15), (sig, pids)
     finally:
         gateway.stop()
-        for pid in _llama_pids(port):
+        for pid in pids_serving(port, b"llama-server"):
             os.kill(pid, signal.SIGKILL)

@@ -164,3 +164,19 @@ class GatewayProcess:
 
     def output(self) -> str:
         return self.output_path.read_text(errors="replace") if self.output_path.exists() else ""
+
+
+def pids_serving(port: int, program: bytes) -> list[int]:
+    """Live processes whose command line names `program` and this port (a launched engine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if any(program in arg for arg in argv) and str(port).encode() in argv and "\nState:\tZ" not in status:
+            found.append(int(entry.name))
+    return found
