@@ -192,7 +192,7 @@ class Supervisor:
             self.waiting[name] -= 1
             if not self.waiting[name]:
                 for unit in units:  # nobody waits for it any more: the room it held is free again
-                    if unit.claimed and unit.state == "stopped":
+                    if unit.claimed and unit.state in ("stopped", "sleeping"):
                         unit.claimed = False
                         self._notify()
 
@@ -460,7 +460,7 @@ class Supervisor:
 
     def _become(self, unit: Unit, state: State, reason: str) -> None:
         unit.state, unit.reason, unit.since = state, reason, self.clock()
-        if state != "stopped":
+        if state not in ("stopped", "sleeping"):
             unit.claimed = False
         if state != "ready":
             unit.draining = False
