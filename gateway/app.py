@@ -73,15 +73,19 @@ class Gateway:
         self.metrics = Metrics(self.registry, lambda: self.fleet)
         self.recent = Recent(self.clock)
         self.started = self.clock()
-        self.prober = Prober(lambda: self.fleet, self.client, self.clock)
+        # A launched replica that is not running is not probed: the prober asks the supervisor.
+        self.prober = Prober(lambda: self.fleet, self.client, self.clock, lambda r: self.supervisor.active(r))
         self.supervisor = Supervisor(
-            lambda: self.fleet, self.client, self.settings.state_dir / "logs", self.prober.probe, self.clock
+            lambda: self.fleet,
+            self.client,
+            self.settings.state_dir / "logs",
+            self.prober.probe,
+            self.clock,
+            on_load=self.metrics.record_load,
+            on_evict=self.metrics.record_eviction,
         )
         self.supervisor.sync()
-        self.supervisor.on_load = self.metrics.record_load
-        self.supervisor.on_evict = self.metrics.record_eviction
         self.metrics.supervisor = self.supervisor
-        self.prober.active = self.supervisor.active
         self.proxy = Proxy(
             Context(
                 self.settings,

@@ -5,14 +5,17 @@
     │   ├── RequestTooLarge            413                             request_too_large
     │   └── UnknownTask                400                             unknown_task
     ├── Unauthorized                   401     authentication_error    invalid_api_key
+    ├── Forbidden                      403     invalid_request_error   (per case: host_not_allowed)
     ├── NotFound                       404     invalid_request_error   not_found
     │   └── ModelNotFound              404                             model_not_found
-    ├── RequestTimeout                 408     invalid_request_error   body_timeout
+    ├── RequestTimeout                 408     invalid_request_error   body_timeout, header_timeout
+    ├── UnsupportedMediaType           415     invalid_request_error   (per case)
     ├── QueueFull                      429     rate_limit_exceeded     queue_full
     ├── GatewayBug                     500     gateway_error           internal_error
     ├── UpstreamServerError            500     upstream_error          upstream_error
     ├── UpstreamFailure                502     upstream_error          (per case)
     ├── NoUpstream                     503     service_unavailable     no_healthy_upstream
+    ├── Overloaded                     503     service_unavailable     too_many_connections
     └── GatewayTimeout                 504     timeout                 (per case)
 
 One renderer (`render`) turns any of them into `{"error": {"message", "type", "code", "param"}}`.
@@ -73,6 +76,12 @@ class Unauthorized(GatewayError):
     default_code = "invalid_api_key"
 
 
+class Forbidden(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "forbidden"
+
+
 class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -87,6 +96,12 @@ class RequestTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"
     default_code = "body_timeout"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_media_type"
 
 
 class QueueFull(GatewayError):
@@ -117,6 +132,14 @@ class NoUpstream(GatewayError):
     status = 503
     type = "service_unavailable"
     default_code = "no_healthy_upstream"
+
+
+class Overloaded(GatewayError):
+    """The gateway itself is at a limit (open connections), not its replicas."""
+
+    status = 503
+    type = "service_unavailable"
+    default_code = "too_many_connections"
 
 
 class GatewayTimeout(GatewayError):

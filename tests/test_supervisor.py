@@ -434,3 +434,14 @@ def test_a_vllm_with_sleep_sleeps_to_make_room_and_wakes_instead_of_a_cold_start
         assert unit(gw, "a0").reason.startswith("woke in")
         assert httpx2.get(f"http://127.0.0.1:{pa}/is_sleeping", timeout=5).json() == {"is_sleeping": False}
         assert metric(gw.metrics(), "gateway_replica_state", replica="b0", state="stopped") == 1
+
+
+def test_a_replica_refusal_after_loading_comments_is_one_error_event_with_its_message(tmp_path: Path) -> None:
+    port = free_port()
+    keyed = sim(port, "a", **{"load-seconds": 2, "api-key": "engine-only-key"})  # the gateway sends none
+    with run_gateway(table({"a": replica("a0", port, keyed)}), state_dir=tmp_path) as gw:
+        response = chat(gw, "a", stream=True)
+        assert response.status_code == 200 and ": loading a, " in response.text
+        errors = [e for e in data_events(response.content) if e.startswith("{")]
+        assert len(errors) == 1 and '"401"' in errors[0], errors
+        assert "engine-only-key" not in response.text

@@ -21,24 +21,12 @@ import time
 from collections.abc import Callable, Collection
 
 from gateway.edge.reject import Recorder, reject
-from gateway.errors import GatewayError
+from gateway.errors import Forbidden, GatewayError, UnsupportedMediaType
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 # The content types a browser sends cross-site without a preflight (the Fetch standard's list).
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
-
-
-class HostNotAllowed(GatewayError):
-    status = 403
-    type = "invalid_request_error"
-    default_code = "host_not_allowed"
-
-
-class UnsupportedMediaType(GatewayError):
-    status = 415
-    type = "invalid_request_error"
-    default_code = "unsupported_media_type"
 
 
 def host_name(value: str) -> str:
@@ -89,9 +77,10 @@ class BrowserGuard:
             elif name == b"content-type":
                 content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
         if self.check_host and host_name(host) not in self.hosts:
-            return HostNotAllowed(
+            return Forbidden(
                 "This gateway does not serve that Host name; list it in GATEWAY_ALLOWED_HOSTS "
-                "(or set GATEWAY_API_KEYS) to reach it under another name"
+                "(or set GATEWAY_API_KEYS) to reach it under another name",
+                code="host_not_allowed",
             )
         if self.open_mode and scope["method"] != "GET" and content_type in SIMPLE_TYPES:
             return UnsupportedMediaType(

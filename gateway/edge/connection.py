@@ -22,7 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.dialects.registry import dialect_for
 from gateway.edge.guard import HeadersTooLarge
 from gateway.edge.reject import Recorder, endpoint_label
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Overloaded, RequestTimeout
 from gateway.ops.exchange import Exchange
 
 # The request line and the blank line come on top of the header bytes the guard counts exactly.
@@ -35,18 +35,6 @@ class EdgeLimits(NamedTuple):
     max_header_bytes: int
     max_header_count: int
     max_connections: int
-
-
-class HeadTimeout(GatewayError):
-    status = 408
-    type = "invalid_request_error"
-    default_code = "header_timeout"
-
-
-class TooManyConnections(GatewayError):
-    status = 503
-    type = "server_error"
-    default_code = "too_many_connections"
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -63,7 +51,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
-                TooManyConnections(
+                Overloaded(
                     f"The gateway is at its limit of {self.limits.max_connections} connections; retry soon",
                     headers={"retry-after": "1"},
                 )
@@ -119,7 +107,12 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._head_bytes == 0:  # nothing sent at all: close quietly, as for an idle keep-alive
             self.transport.close()
             return
-        self._refuse(HeadTimeout(f"Request headers did not arrive within {self.limits.header_timeout:g} s"))
+        self._refuse(
+            RequestTimeout(
+                f"Request headers did not arrive within {self.limits.header_timeout:g} s",
+                code="header_timeout",
+            )
+        )
 
     def _refuse(self, error: GatewayError) -> None:
         """Answer in the dialect of the path (as far as it arrived), record it, close the socket."""

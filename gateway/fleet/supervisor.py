@@ -93,6 +93,8 @@ class Supervisor:
         log_dir: Path,
         probe: Callable[[Replica], Awaitable[object]] | None = None,
         clock: Clock = time.monotonic,
+        on_load: Callable[[str, str, float], None] = lambda name, outcome, seconds: None,
+        on_evict: Callable[[str], None] = lambda name: None,
     ) -> None:
         self._fleet = fleet
         self.client = client
@@ -105,9 +107,8 @@ class Supervisor:
         self._changed: asyncio.Event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
-        # Counters for the metrics: (replica, outcome) of each start, evictions, load seconds.
-        self.on_load: Callable[[str, str, float], None] = lambda name, outcome, seconds: None
-        self.on_evict: Callable[[str], None] = lambda name: None
+        # For the metrics: each start's (replica, outcome, seconds), each eviction's replica.
+        self.on_load, self.on_evict = on_load, on_evict
 
     # --- the table's replicas -------------------------------------------------------------------
 

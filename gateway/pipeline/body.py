@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
+from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
 from gateway.pipeline.blobs import Blobs, set_aside
 from gateway.types import Receive
 
@@ -66,12 +66,6 @@ MAX_RATIO = 100
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-class UnsupportedEncoding(GatewayError):
-    status = 415
-    type = "invalid_request_error"
-    default_code = "unsupported_content_encoding"
-
-
 def decompress(raw: bytes | bytearray, encoding: str, limit: int) -> bytes | bytearray:
     """A `Content-Encoding: gzip|deflate` body inflated, within `limit` bytes and MAX_RATIO.
 
@@ -81,8 +75,10 @@ def decompress(raw: bytes | bytearray, encoding: str, limit: int) -> bytes | byt
     if encoding in ("", "identity"):
         return raw
     if encoding not in WBITS:
-        raise UnsupportedEncoding(
-            f"Content-Encoding '{encoding[:32]}' is not supported; send gzip, deflate or an uncompressed body"
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{encoding[:32]}' is not supported; "
+            "send gzip, deflate or an uncompressed body",
+            code="unsupported_content_encoding",
         )
     cap = min(limit, max(len(raw), 1) * MAX_RATIO)
     try:

@@ -25,8 +25,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.registry import STORED, Endpoint
 from gateway.errors import (
@@ -475,14 +473,11 @@ class Proxy:
                 f"The replica failed to answer (HTTP {response.status}); request {ex.request_id}"
             )
         key = replica.api_key()
-        body = relay.upstream_error_body(
-            response.status, data, ex.request_id, (key,) if key else (), endpoint.dialect
-        )
+        secrets = (key,) if key else ()
         if ex.stream_opened:  # the status line went out with the loading comments: an error event
-            message = endpoint.dialect.error_message(orjson.loads(body))[0]
-            raise UpstreamFailure(
-                message or f"The replica answered {response.status}", code=str(response.status)
-            )
+            message = relay.upstream_error(response.status, data, secrets, endpoint.dialect)[0]
+            raise UpstreamFailure(message, code=str(response.status))
+        body = relay.upstream_error_body(response.status, data, ex.request_id, secrets, endpoint.dialect)
         ex.status, ex.error_code = response.status, str(response.status)
         headers = [
             (b"content-type", b"application/json"),

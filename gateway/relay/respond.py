@@ -259,11 +259,11 @@ def _answer_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def upstream_error_body(
-    status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
-) -> bytes:
-    """A replica's 4xx keeps its status and message (scrubbed, bounded); anything else is generic.
-    Either engine may answer in either envelope; the client gets its own dialect's."""
+def upstream_error(
+    status: int, raw: bytes, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
+) -> tuple[str, str, str | int, str | None]:
+    """A replica's 4xx as (message, type, code, param): its message scrubbed and bounded. Either
+    engine may answer in either envelope."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -274,7 +274,16 @@ def upstream_error_body(
     if type_ is None or len(type_) > 64:
         type_ = "invalid_request_error"
     message = scrub(message, secrets)[:FORWARDED_MESSAGE_LIMIT] or f"The replica answered {status}"
-    return dialect.error_body(status, type_, message, status if code is None else code, param)
+    return message, type_, status if code is None else code, param
+
+
+def upstream_error_body(
+    status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
+) -> bytes:
+    """A replica's 4xx keeps its status and message (scrubbed, bounded), in the client's own
+    dialect's envelope."""
+    message, type_, code, param = upstream_error(status, raw, secrets, dialect)
+    return dialect.error_body(status, type_, message, code, param)
 
 
 def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:
