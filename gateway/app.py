@@ -26,7 +26,7 @@ from gateway.edge.browser import BrowserGuard, allowed_hosts
 from gateway.edge.dispatch import Dispatch, MethodNotAllowed
 from gateway.edge.guard import HeaderLimits
 from gateway.edge.reject import reject
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
@@ -41,6 +41,19 @@ from gateway.ops.recent import Recent
 from gateway.pipeline.proxy import Context, Proxy
 from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
+from gateway.team.keys import (
+    ANONYMOUS,
+    OPEN,
+    Identity,
+    KeyError_,
+    Keyring,
+    build_keyring,
+    load_keys_file,
+    plain_keys,
+)
+from gateway.team.limits import Usage
+from gateway.team.state import create_counters
+from gateway.team.team import Team
 from gateway.upstream import UpstreamClient, create_client
 
 log = logging.getLogger("gateway")
@@ -67,6 +80,7 @@ class Gateway:
     prober: Prober = field(init=False)
     discovery: Discovery = field(init=False)
     supervisor: Supervisor = field(init=False)
+    team: Team = field(default_factory=Team.solo)
     resolver: Resolver = resolve
 
     def __post_init__(self) -> None:
@@ -86,6 +100,7 @@ class Gateway:
         )
         self.supervisor.sync()
         self.metrics.supervisor = self.supervisor
+        self.metrics.redis = self.team.counters.condition
         self.proxy = Proxy(
             Context(
                 self.settings,
@@ -94,11 +109,21 @@ class Gateway:
                 self.record,
                 clock=self.clock,
                 lifecycle=self.supervisor,
+                team=self.team,
             )
         )
         self.discovery = Discovery(lambda: self.fleet, self.prober.probe, self.resolver, self.clock)
 
     def record(self, ex: Exchange) -> None:
+        if ex.admitted:
+            answer = ex.answer
+            usage = Usage(
+                answer.prompt_tokens or 0,
+                answer.cached_tokens or 0,
+                answer.completion_tokens or 0,
+                answer.reasoning_tokens or 0,
+            )
+            self.team.charge(ex.key, ex.preset, usage)
         self.metrics.record(ex)
         self.recent.record(ex)
         self.access_log.write(ex)
@@ -116,7 +141,17 @@ class Gateway:
     def reload(self) -> Table:
         """Validate first, keep the old table on error, then swap atomically."""
         table = load_table(self.settings.routes)
+        keyring = load_keyring(self.settings, table)
+        if bool(keyring) != bool(self.team.keyring):
+            # Open mode's browser guard is set up at start: switching it needs a restart.
+            raise TableError(
+                "keys were " + ("removed" if self.team.keyring else "added") + " by the reload; an open "
+                "gateway becomes a keyed one (or back) only by a restart"
+            )
+        if table.state != self.fleet.table.state:
+            log.warning("state (Redis) settings change only with a restart; the running ones stay")
         self.fleet = Fleet(table, self.clock, previous=self.fleet)
+        self.team.keyring = keyring
         self.supervisor.sync()  # new launched replicas start stopped; dropped ones are stopped
         log.warning("routing table reloaded from %s", table.source)
         return table
@@ -136,14 +171,45 @@ def build_gateway(
     resolver: Resolver = resolve,
 ) -> Gateway:
     table = table or load_table(settings.routes)
-    return Gateway(
+    hooks: list[Callable[[str], None]] = [_log_redis]
+    counters = create_counters(
+        table.state.redis, table.state.prefix, on_condition=lambda condition: [h(condition) for h in hooks]
+    )
+    gateway = Gateway(
         settings=settings,
         fleet=Fleet(table),
         client=client or create_client(settings.http_client),
         registry=registry or CollectorRegistry(),
         access_log=access_log or AccessLog(enabled=settings.log_requests, flush_interval=0.2),
         resolver=resolver,
+        team=Team(load_keyring(settings, table), counters),
     )
+    hooks.append(gateway.metrics.record_redis)
+    return gateway
+
+
+def load_keyring(settings: Settings, table: Table) -> Keyring:
+    """routes.yaml's `keys:`, GATEWAY_KEYS_FILE (the same shape), and the anonymous keys of
+    GATEWAY_API_KEYS and GATEWAY_API_KEYS_FILE; read at start-up and on SIGHUP."""
+    specs = list(table.keys)
+    try:
+        if settings.keys_file is not None:
+            specs += load_keys_file(settings.keys_file)
+        anonymous = plain_keys(settings.api_keys)
+        if settings.api_keys_file is not None:
+            anonymous += plain_keys(settings.api_keys_file.read_text(encoding="utf-8"))
+        return build_keyring(specs, anonymous, presets=table.presets)
+    except OSError as exc:
+        raise TableError(f"cannot read a keys file ({exc.strerror})") from None
+    except KeyError_ as exc:
+        raise TableError(str(exc)) from None
+
+
+def _log_redis(condition: str) -> None:
+    if condition == "unreachable":
+        log.error("Redis is unreachable: limits and usage are counted in this process until it returns")
+    elif condition == "ok":
+        log.warning("Redis is reachable: limits and usage are shared again")
 
 
 def create_app(gateway: Gateway) -> Any:
@@ -179,6 +245,7 @@ def create_app(gateway: Gateway) -> Any:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await gateway.supervisor.close()  # after the drain: what it started, it stops
+            await gateway.team.close()  # after the drain: the last answers' usage is counted
             await gateway.client.aclose()
             gateway.access_log.flush()
 
@@ -191,6 +258,7 @@ def create_app(gateway: Gateway) -> Any:
         Route("/ready", _ready, methods=["GET"]),
         Route("/ui", _ui_page, methods=["GET"]),
         Route("/ui/state", _ui_state, methods=["GET"]),
+        Route("/v1/usage", _usage, methods=["GET"]),
         Route("/admin/replicas", _admin_replicas, methods=["GET"]),
         Route("/admin/replicas/{name}/{action}", _admin_action, methods=["POST"]),
     ]
@@ -207,11 +275,10 @@ def create_app(gateway: Gateway) -> Any:
     dispatch = Dispatch(
         gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock, mounts={MCP_PATH: mcp}
     )
-    keys = settings.keys()
-    authorised = KeyAuth(dispatch, keys, record, clock)
+    authorised = KeyAuth(dispatch, lambda: gateway.team.keyring, record, clock)
     guarded = BrowserGuard(
         authorised,
-        open_mode=not keys,
+        open_mode=not gateway.team.keyring,
         loopback=settings.host in LOOPBACK,
         hosts=allowed_hosts(settings.allowed_hosts),
         record=record,
@@ -288,18 +355,40 @@ async def _health(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
-    missing = _gateway(request).not_ready()
+    gateway = _gateway(request)
+    missing = gateway.not_ready()
+    # Redis going away does not make the gateway unready: it counts locally meanwhile, and says so.
+    extra = {"redis": condition} if (condition := gateway.team.counters.condition()) != "local" else {}
     if missing:
-        return _json({"status": "not_ready", "not_ready": missing}, status=503)
-    return _json({"status": "ready"})
+        return _json({"status": "not_ready", "not_ready": missing, **extra}, status=503)
+    return _json({"status": "ready", **extra})
+
+
+async def _usage(request: Request) -> Response:
+    """The caller's own usage today (`?days=7`: the last seven days); every key's for an admin."""
+    gateway = _gateway(request)
+    identity: Identity = request.scope.get("gateway.identity") or OPEN
+    days_text = request.query_params.get("days", "1")
+    if not days_text.isdigit() or not 1 <= int(days_text) <= 35:
+        raise BadRequest("days must be a whole number from 1 to 35", code="invalid_days", param="days")
+    return _json(await gateway.team.usage(identity, int(days_text)))
+
+
+def _admin_only(request: Request) -> None:
+    """With named keys, the admin endpoints are for keys marked `admin: true`."""
+    identity: Identity = request.scope.get("gateway.identity") or OPEN
+    if identity is not OPEN and identity.name != ANONYMOUS and not identity.admin:
+        raise Forbidden(f"Key '{identity.name}' is not an admin key", code="admin_only")
 
 
 async def _admin_replicas(request: Request) -> Response:
     """The launched replicas, for `fleet-gateway ps` (behind the key, like every non-public path)."""
+    _admin_only(request)
     return _json({"replicas": _gateway(request).supervisor.view()})
 
 
 async def _admin_action(request: Request) -> Response:
+    _admin_only(request)
     gateway = _gateway(request)
     name, action = request.path_params["name"], request.path_params["action"]
     supervisor = gateway.supervisor
@@ -324,7 +413,19 @@ async def _ui_page(request: Request) -> Response:
 async def _ui_state(request: Request) -> Response:
     gateway = _gateway(request)
     payload = status.state(gateway.fleet, gateway.recent, gateway.started, launched=gateway.supervisor.view())
+    identity: Identity = request.scope.get("gateway.identity") or OPEN
+    payload["team"] = {
+        "redis": gateway.team.counters.condition(),
+        "today": _by_key(await gateway.team.usage(identity, 1)),
+        "week": _by_key(await gateway.team.usage(identity, 7)),
+    }
     return Response(orjson.dumps(payload), media_type="application/json", headers=NO_STORE)
+
+
+def _by_key(usage: dict[str, Any]) -> dict[str, Any]:
+    """One shape for the status page, whether the key sees its own usage or every key's."""
+    keys = usage["keys"] if "keys" in usage else {usage["key"]: usage["presets"]}
+    return {"since": usage["since"], "keys": keys}
 
 
 async def _metrics(request: Request) -> Response:

@@ -11,6 +11,7 @@
     ├── RequestTimeout                 408     invalid_request_error   body_timeout, header_timeout
     ├── UnsupportedMediaType           415     invalid_request_error   (per case)
     ├── QueueFull                      429     rate_limit_exceeded     queue_full
+    ├── RateLimited                    429     rate_limit_exceeded     (the limit's name)
     ├── GatewayBug                     500     gateway_error           internal_error
     ├── UpstreamServerError            500     upstream_error          upstream_error
     ├── UpstreamFailure                502     upstream_error          (per case)
@@ -108,6 +109,14 @@ class QueueFull(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     default_code = "queue_full"
+
+
+class RateLimited(GatewayError):
+    """A named key over one of its rate or token limits; the code is the limit's name."""
+
+    status = 429
+    type = "rate_limit_exceeded"
+    default_code = "rate_limited"
 
 
 class GatewayBug(GatewayError):

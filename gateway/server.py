@@ -83,7 +83,7 @@ async def run(gateway: Gateway, app: Any, banner: str | None = None) -> None:
     The demo serves through here too, so it drains the same way.
     """
     settings = gateway.settings
-    if not settings.keys() and settings.host not in ("127.0.0.1", "localhost", "::1"):
+    if not gateway.team.keyring and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "no GATEWAY_API_KEYS set and listening on %s: anyone who can reach it can use the fleet",
             settings.host,

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     # Comma-separated gateway keys; or a file with one key per line. None configured = open gateway.
     api_keys: str = ""
     api_keys_file: Path | None = None
+    # Named keys with presets, priority and limits, as `keys:` in routes.yaml (gateway/team/keys.py).
+    keys_file: Path | None = None
     # Comma-separated Host names served besides loopback ones (`*`: any); see gateway/edge/browser.py.
     allowed_hosts: str = ""
     # Comma-separated browser origins granted CORS (e.g. a web UI on another port); none by default.
@@ -57,10 +59,3 @@ class Settings(BaseSettings):
     state_dir: Path = Path.home() / ".local" / "state" / "fleet-gateway"
     # `serve --wait N`: hold start-up until every preset has a ready replica, at most N seconds.
     wait_ready: float = Field(0.0, ge=0)
-
-    def keys(self) -> frozenset[str]:
-        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
-        if self.api_keys_file is not None:
-            text = self.api_keys_file.read_text(encoding="utf-8")
-            keys |= {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
-        return frozenset(keys)

@@ -4,13 +4,21 @@ client's own dialect, recorded like any other request."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from gateway.edge.auth import KeyAuth, key_matches, presented_key
+from gateway.edge.auth import KeyAuth, presented_key
 from gateway.ops.exchange import Exchange
+from gateway.team.keys import Keyring, build_keyring
 from tests.support.asgi import Downstream, call, http_scope
 
 KEYS = frozenset({"gw-key-one", "gw-key-two"})
+
+
+def ring(keys: frozenset[str]) -> Callable[[], Keyring]:
+    keyring = build_keyring([], sorted(keys))
+    return lambda: keyring
 
 
 @pytest.mark.parametrize(
@@ -52,11 +60,11 @@ def test_presented_key(headers: list[tuple[str, str]], key: str | None) -> None:
     ],
 )
 def test_key_matches(presented: str, matches: bool) -> None:
-    assert key_matches(presented, KEYS) is matches
+    assert (build_keyring([], sorted(KEYS)).identify(presented) is not None) is matches
 
 
 def test_key_matches_nothing_without_keys() -> None:
-    assert key_matches("anything", frozenset()) is False
+    assert build_keyring([], []).identify("anything") is None
 
 
 class Recorded(list[Exchange]):
@@ -68,14 +76,14 @@ class Recorded(list[Exchange]):
 @pytest.mark.anyio
 async def test_public_paths_need_no_key(path: str) -> None:
     inner, recorded = Downstream(), Recorded()
-    sent = await call(KeyAuth(inner, KEYS, recorded), http_scope(path, "GET"))
+    sent = await call(KeyAuth(inner, ring(KEYS), recorded), http_scope(path, "GET"))
     assert sent.status == 204 and len(inner.scopes) == 1 and recorded == []
 
 
 @pytest.mark.anyio
 async def test_no_configured_keys_means_no_check() -> None:
     inner = Downstream()
-    sent = await call(KeyAuth(inner, frozenset()), http_scope("/v1/chat/completions"))
+    sent = await call(KeyAuth(inner, ring(frozenset())), http_scope("/v1/chat/completions"))
     assert sent.status == 204 and len(inner.scopes) == 1
 
 
@@ -89,7 +97,9 @@ async def test_a_valid_key_passes_and_names_the_client_without_the_key(
     headers: list[tuple[str, str]],
 ) -> None:
     inner, recorded = Downstream(), Recorded()
-    sent = await call(KeyAuth(inner, KEYS, recorded), http_scope("/v1/chat/completions", headers=headers))
+    sent = await call(
+        KeyAuth(inner, ring(KEYS), recorded), http_scope("/v1/chat/completions", headers=headers)
+    )
     assert sent.status == 204 and recorded == []
     client = inner.scopes[0]["gateway.client"]
     assert client.startswith("key:") and len(client) == len("key:") + 8 and "gw-key" not in client
@@ -98,7 +108,7 @@ async def test_a_valid_key_passes_and_names_the_client_without_the_key(
 @pytest.mark.anyio
 async def test_two_keys_are_two_clients() -> None:
     inner = Downstream()
-    auth = KeyAuth(inner, KEYS)
+    auth = KeyAuth(inner, ring(KEYS))
     await call(auth, http_scope("/v1/models", "GET", [("x-api-key", "gw-key-one")]))
     await call(auth, http_scope("/v1/models", "GET", [("x-api-key", "gw-key-two")]))
     assert inner.scopes[0]["gateway.client"] != inner.scopes[1]["gateway.client"]
@@ -107,7 +117,7 @@ async def test_two_keys_are_two_clients() -> None:
 @pytest.mark.anyio
 async def test_a_missing_key_on_messages_is_an_anthropic_401_and_recorded() -> None:
     inner, recorded = Downstream(), Recorded()
-    sent = await call(KeyAuth(inner, KEYS, recorded, clock=lambda: 42.0), http_scope("/v1/messages"))
+    sent = await call(KeyAuth(inner, ring(KEYS), recorded, clock=lambda: 42.0), http_scope("/v1/messages"))
     assert inner.scopes == []
     assert sent.status == 401 and sent.headers["www-authenticate"] == "Bearer"
     body = sent.json()
@@ -128,7 +138,7 @@ async def test_a_missing_key_on_messages_is_an_anthropic_401_and_recorded() -> N
 async def test_a_wrong_key_on_chat_is_an_openai_401_and_recorded() -> None:
     inner, recorded = Downstream(), Recorded()
     scope = http_scope("/v1/chat/completions", headers=[("Authorization", "Bearer guessed")])
-    sent = await call(KeyAuth(inner, KEYS, recorded), scope)
+    sent = await call(KeyAuth(inner, ring(KEYS), recorded), scope)
     assert inner.scopes == [] and sent.status == 401
     error = sent.json()["error"]
     assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
@@ -151,7 +161,7 @@ async def test_a_rejection_anywhere_else_is_recorded_with_a_bounded_endpoint_lab
     path: str, label: str
 ) -> None:
     recorded = Recorded()
-    sent = await call(KeyAuth(Downstream(), KEYS, recorded), http_scope(path, "GET"))
+    sent = await call(KeyAuth(Downstream(), ring(KEYS), recorded), http_scope(path, "GET"))
     assert sent.status == 401
     assert [(ex.status, ex.endpoint) for ex in recorded] == [(401, label)]
 
@@ -160,7 +170,7 @@ async def test_a_rejection_anywhere_else_is_recorded_with_a_bounded_endpoint_lab
 async def test_a_path_that_only_looks_public_needs_a_key() -> None:
     inner = Downstream()
     for path in ("/health/", "/ui/state", "/healthz", "//health"):
-        sent = await call(KeyAuth(inner, KEYS), http_scope(path, "GET"))
+        sent = await call(KeyAuth(inner, ring(KEYS)), http_scope(path, "GET"))
         assert sent.status == 401, path
     assert inner.scopes == []
 
@@ -172,5 +182,5 @@ async def test_a_lifespan_scope_passes_untouched() -> None:
     async def app(scope: dict[str, str], receive: object, send: object) -> None:
         seen.append(scope["type"])
 
-    await KeyAuth(app, KEYS)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
+    await KeyAuth(app, ring(KEYS))({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert seen == ["lifespan"]

@@ -1023,3 +1023,164 @@ def test_every_routes_example_under_deploy_loads() -> None:
     for path in tables:
         load_table(path)
     assert k8s_routes().presets
+
+
+# --- Kubernetes: the team component (two or more gateways, one Redis) ------------------------------------
+
+TEAM_DIR = K8S_DIR / "team"
+
+
+@pytest.fixture(scope="module")
+def k8s_team(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """deploy/k8s with the team component, built the way a kustomization of one's own builds it
+    (kustomize takes only relative paths, and an overlay may not live inside its base)."""
+    folder = tmp_path_factory.mktemp("k8s-team")
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S_DIR, folder)],
+        "components": [os.path.relpath(TEAM_DIR, folder)],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    result = run([tool("kubectl"), "kustomize", str(folder)])
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def built(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def redis_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = built(docs, "Deployment", "redis")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def team_routes(docs: list[dict[str, Any]]) -> Table:
+    configmap = built(docs, "ConfigMap", "fleet-gateway-routes")
+    return parse_table(configmap["data"]["routes.yaml"], "deploy/k8s/team ConfigMap")
+
+
+@pytest.mark.parametrize("version", k8s_versions())
+def test_k8s_team_component_validates_against_the_kubernetes_schemas(
+    k8s_team: list[dict[str, Any]], version: str
+) -> None:
+    base = sorted((d["kind"], d["metadata"]["name"]) for d in k8s_documents())
+    added = [("Deployment", "redis"), ("Service", "redis"), ("NetworkPolicy", "redis")]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in k8s_team) == sorted([*base, *added])
+    for doc in k8s_team:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_k8s_team_component_runs_two_gateways_on_one_redis(k8s_team: list[dict[str, Any]]) -> None:
+    gateway = built(k8s_team, "Deployment", "fleet-gateway")
+    assert gateway["spec"]["replicas"] == 2
+    assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = built(k8s_team, "PodDisruptionBudget", "fleet-gateway")
+    hpa = built(k8s_team, "HorizontalPodAutoscaler", "fleet-gateway")
+    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"] <= gateway["spec"]["replicas"]
+
+    redis = built(k8s_team, "Deployment", "redis")
+    pod = redis["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["strategy"] == {"type": "Recreate"}, "never two empty Redis pods behind one Service"
+    assert redis["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    gateway_service = built(k8s_team, "Service", "fleet-gateway")
+    assert not gateway_service["spec"]["selector"].items() <= labels.items(), (
+        "the gateway Service takes Redis"
+    )
+
+    container = redis_container(k8s_team)
+    assert container["image"].split(":")[0] == "redis" and container["image"].split(":")[1].startswith("7")
+    options = flags(container["command"])
+    assert container["command"][0] == "redis-server"
+    assert options["save"] == "" and options["appendonly"] == "no", "no persistence, no volume to lose"
+    assert container["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    assert container["resources"]["limits"]["memory"]
+    security = pod["spec"]["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert any(m["mountPath"] == "/data" for m in container["volumeMounts"]), "redis's working directory"
+
+    service = built(k8s_team, "Service", "redis")
+    assert service["metadata"]["namespace"] == redis["metadata"]["namespace"] == "fleet-gateway"
+    assert service["spec"]["type"] == "ClusterIP" and service["spec"]["selector"].items() <= labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == 6379 and port["targetPort"] in [p["name"] for p in container["ports"]]
+
+    policy = built(k8s_team, "NetworkPolicy", "redis")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    gateway_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    assert any(p["podSelector"]["matchLabels"].items() <= gateway_labels.items() for p in rule["from"])
+
+
+def test_k8s_team_routes_point_the_gateways_at_the_redis_service(k8s_team: list[dict[str, Any]]) -> None:
+    table = team_routes(k8s_team)
+    assert k8s_routes().state.redis is None, "the base counts in each pod, without Redis"
+    assert table.state.redis is not None
+    url = urlsplit(table.state.redis)
+    service = built(k8s_team, "Service", "redis")
+    meta = service["metadata"]
+    assert url.scheme == "redis" and url.port == service["spec"]["ports"][0]["port"]
+    assert url.hostname in (
+        f"{meta['name']}.{meta['namespace']}.svc",
+        f"{meta['name']}.{meta['namespace']}.svc.cluster.local",
+    )
+
+    # The same table as the base's, plus state and keys: a change to one must reach the other.
+    base = yaml.safe_load(k8s("ConfigMap")["data"]["routes.yaml"])
+    team = yaml.safe_load(built(k8s_team, "ConfigMap", "fleet-gateway-routes")["data"]["routes.yaml"])
+    assert {k: v for k, v in team.items() if k not in ("state", "keys")} == base
+    assert team == yaml.safe_load((TEAM_DIR / "routes.yaml").read_text())
+    assert load_table(TEAM_DIR / "routes.yaml").state == table.state
+
+
+def test_k8s_team_named_keys_come_from_the_secret(k8s_team: list[dict[str, Any]]) -> None:
+    table = team_routes(k8s_team)
+    assert table.keys and {k.priority for k in table.keys} == {"interactive", "batch"}
+    gateway = built(k8s_team, "Deployment", "fleet-gateway")
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert len(env) == len(container["env"]), "an env variable is set twice"
+    _, base_container = pod_container()
+    secret = next(e for e in base_container["env"] if e["name"] == "GATEWAY_API_KEYS")
+    secret_name = secret["valueFrom"]["secretKeyRef"]["name"]
+    names = {k.key_env for k in table.keys if k.key_env} | all_api_key_envs(table) | {"GATEWAY_API_KEYS"}
+    for name in names:
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == secret_name, name
+    for name in {e["name"] for e in base_container["env"]}:
+        assert env[name] == next(e for e in base_container["env"] if e["name"] == name), name
+
+
+def test_k8s_team_redis_command_line_starts_a_real_redis(
+    k8s_team: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    container = redis_container(k8s_team)
+    port = str(free_port())
+    argv = [tool("redis-server"), *container["command"][1:], "--port", port, "--bind", "127.0.0.1"]
+    argv += ["--dir", str(tmp_path)]
+    probe = [tool(container["readinessProbe"]["exec"]["command"][0]), "-p", port]
+    probe += container["readinessProbe"]["exec"]["command"][1:]
+    log = tmp_path / "redis.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 15
+            while (answer := run(probe, timeout=10)).stdout.strip() != "PONG":
+                assert process.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, answer.stdout + answer.stderr
+                time.sleep(0.1)
+            policy = run([*probe[:-1], "config", "get", "maxmemory-policy"], timeout=10).stdout.split()
+            assert policy == ["maxmemory-policy", "noeviction"]
+            assert run([*probe[:-1], "config", "get", "save"], timeout=10).stdout.split() == ["save"]
+        finally:
+            process.terminate()
+            process.wait(timeout=15)
+    assert not list(tmp_path.glob("*.rdb")) and not list(tmp_path.glob("appendonly*")), "it wrote to disk"

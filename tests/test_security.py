@@ -35,6 +35,7 @@ from gateway.edge.auth import KeyAuth
 from gateway.pipeline.body import parse_object
 from gateway.pipeline.rewrite import cap_to_context, check_request, rewrite
 from gateway.routing.table import parse_table
+from gateway.team.keys import build_keyring
 from tests.support.asgi import Downstream, call, http_scope
 from tests.support.fault_behaviours import HugeBody, Reply, Sse
 from tests.support.fault_records import now
@@ -661,9 +662,13 @@ async def test_case_32_auth_decides_on_the_scopes_path_whatever_the_host_says(ho
     """Case 32: a Host header that names a public path, or a path that only looks like one, opens
     nothing: the key check reads the request's own path, never a URL rebuilt from the Host."""
     inner = Downstream()
-    sent = await call(KeyAuth(inner, frozenset({KEY})), http_scope(path, "GET", [("host", host)]))
+    sent = await call(
+        KeyAuth(inner, lambda: build_keyring([], [KEY])), http_scope(path, "GET", [("host", host)])
+    )
     assert sent.status == 401 and inner.scopes == []
-    opened = await call(KeyAuth(inner, frozenset({KEY})), http_scope("/health", "GET", [("host", host)]))
+    opened = await call(
+        KeyAuth(inner, lambda: build_keyring([], [KEY])), http_scope("/health", "GET", [("host", host)])
+    )
     assert opened.status == 204  # and a public path stays public under any Host
 
 

@@ -9,27 +9,17 @@ how vLLM's own check was bypassed (GHSA-94f4-hr76-p5j6).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import time
 from collections.abc import Callable
 
 from gateway.edge.reject import Recorder, reject
 from gateway.errors import Unauthorized
+from gateway.team.keys import ANONYMOUS, OPEN, Keyring
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 # The status page itself holds no data (it asks for the key and sends it with /ui/state).
 # `/` answers Claude Code's HEAD probe, which it sends without a key.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui", "/"})
-
-
-def key_matches(presented: str, keys: frozenset[str]) -> bool:
-    # Every key is compared, in constant time each, so neither a match's position nor its
-    # prefix can be timed.
-    candidate = presented.encode()
-    found = False
-    for key in keys:
-        found |= hmac.compare_digest(candidate, key.encode())
-    return found
 
 
 def presented_key(scope: Scope) -> str | None:
@@ -47,26 +37,38 @@ def presented_key(scope: Scope) -> str | None:
 
 
 class KeyAuth:
+    """Names the caller: `scope["gateway.identity"]` is its key's identity (team/keys.py), or the
+    anonymous one of an open gateway. The keyring is read per request, so a reload applies at once."""
+
     def __init__(
         self,
         app: ASGIApp,
-        keys: frozenset[str],
+        keyring: Callable[[], Keyring],
         record: Recorder | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
-        self.keys = keys
+        self.keyring = keyring
         self.record = record
         self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC_PATHS:
+        keyring = self.keyring()
+        if scope["type"] != "http" or not keyring or scope["path"] in PUBLIC_PATHS:
+            if scope["type"] == "http":
+                scope["gateway.identity"] = OPEN
             await self.app(scope, receive, send)
             return
         token = presented_key(scope)
-        if token is not None and key_matches(token, self.keys):
+        identity = keyring.identify(token) if token is not None else None
+        if token is not None and identity is not None:
+            scope["gateway.identity"] = identity
             # Who the client is, for per-client figures (prefix churn), without keeping the key.
-            scope["gateway.client"] = "key:" + hashlib.sha256(token.encode()).hexdigest()[:8]
+            scope["gateway.client"] = (
+                "key:" + hashlib.sha256(token.encode()).hexdigest()[:8]
+                if identity.name == ANONYMOUS
+                else f"key:{identity.name}"
+            )
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if token is None else "Invalid API key"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import time
 from collections import deque
@@ -29,6 +30,7 @@ class Replica:
     max_in_flight: int  # as configured
     preset: str
     in_flight: int = 0
+    batch_in_flight: int = 0  # of in_flight, the batch-priority requests
     context: int | None = None  # vLLM max_model_len / llama-server meta.n_ctx, from /v1/models
     slots: int | None = None  # llama-server's total_slots, from /props
     served_ids: tuple[str, ...] = ()
@@ -72,21 +74,32 @@ class PoolRetired(Exception):
 
 
 class Pool:
-    """One preset's replicas, its round-robin ticket and its admission queue."""
+    """One preset's replicas, its round-robin ticket and its admission queue.
+
+    Two priority classes wait apart: a freed place goes to the oldest interactive waiter that can
+    use it, and to a batch waiter only when none can and the replica holds fewer batch requests
+    than its batch share. A freed place is handed to the waiter (leased for it) rather than left
+    for whoever comes next, so a newcomer never overtakes a request that was woken for it.
+    """
 
     def __init__(self, preset: Preset, replicas: Sequence[Replica], clock: Clock = time.monotonic) -> None:
         self.preset = preset
         self.replicas = list(replicas)
         self.clock = clock
         self._tickets = itertools.count()
-        # Each waiter with the replicas it may use, oldest first; a release wakes the oldest one
-        # that can use the freed replica (a request pinned elsewhere must not swallow it).
-        self._waiters: deque[tuple[asyncio.Future[Replica | None], frozenset[str]]] = deque()
+        # Each waiter with the replicas it may use, oldest first; a release hands the freed place
+        # to the oldest one that can use it (a request pinned elsewhere must not swallow it).
+        self._waiters: deque[_Waiter] = deque()  # interactive
+        self._batch: deque[_Waiter] = deque()
         self.retired = False  # a reload replaced this pool: its waiters must pick again in the new one
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) + len(self._batch)
+
+    @property
+    def queued_batch(self) -> int:
+        return len(self._batch)
 
     def panic(self) -> bool:
         now = self.clock()
@@ -108,83 +121,104 @@ class Pool:
     def get(self, name: str) -> Replica | None:
         return next((r for r in self.replicas if r.name == name), None)
 
-    async def admit(self, pick: Pick, deadline: float) -> Replica:
+    def batch_cap(self, replica: Replica) -> int:
+        """Places of `replica` that batch requests may hold at once: rounded down, at least one."""
+        return max(1, math.floor(replica.limit * self.preset.limits.batch_max_share))
+
+    async def admit(self, pick: Pick, deadline: float, batch: bool = False) -> Replica:
         """The first replica of `pick` with a free place, else wait in the bounded queue.
 
         Raises PoolRetired once a reload has replaced this pool, so that a queued request is not
         sent to a replica the new table removed or moved."""
         if self.retired:
             raise PoolRetired(self.preset.name)
-        replica = self._first_free(pick)
+        replica = self._first_free(pick, batch)
         if replica is not None:
-            return self._lease(replica)
+            return self._lease(replica, batch)
         limits = self.preset.limits
-        if len(self._waiters) >= limits.queue:
+        # Batch waiters never fill the queue for interactive ones: each class has `queue` places.
+        line = self._batch if batch else self._waiters
+        if (self.queued if batch else len(line)) >= limits.queue:
             raise QueueFull(
                 f"Preset '{self.preset.name}' is at capacity and its queue is full; retry shortly",
                 headers={"retry-after": "1"},
             )
         wait_until = min(deadline, self.clock() + limits.queue_timeout)
-        usable = frozenset(pick.order)
-        while True:
-            waiter: asyncio.Future[Replica | None] = asyncio.get_running_loop().create_future()
-            entry = (waiter, usable)
-            self._waiters.append(entry)
-            try:
-                async with asyncio.timeout(max(0.0, wait_until - self.clock())):
-                    await waiter
-            except TimeoutError:
-                raise GatewayTimeout(
-                    f"Preset '{self.preset.name}' had no free replica within the queue timeout",
-                    code="queue_timeout",
-                ) from None
-            except asyncio.CancelledError:
-                # Woken, then cancelled before it ran (its client left): the place goes on.
-                if waiter.done() and not waiter.cancelled() and (freed := waiter.result()) is not None:
-                    self._wake(freed)
-                raise
-            finally:
-                if entry in self._waiters:
-                    self._waiters.remove(entry)
-            if self.retired:
-                raise PoolRetired(self.preset.name)
-            replica = self._first_free(pick)
-            if replica is not None:
-                return self._lease(replica)
+        waiter: asyncio.Future[Replica | None] = asyncio.get_running_loop().create_future()
+        entry = _Waiter(waiter, frozenset(pick.order), batch)
+        line.append(entry)
+        try:
+            async with asyncio.timeout(max(0.0, wait_until - self.clock())):
+                handed = await waiter
+        except TimeoutError:
+            raise GatewayTimeout(
+                f"Preset '{self.preset.name}' had no free replica within the queue timeout",
+                code="queue_timeout",
+            ) from None
+        except asyncio.CancelledError:
+            # Handed a place, then cancelled before it ran (its client left): the place goes on.
+            if waiter.done() and not waiter.cancelled() and (freed := waiter.result()) is not None:
+                self.release(freed, batch)
+            raise
+        finally:
+            if entry in line:
+                line.remove(entry)
+        if handed is None:
+            raise PoolRetired(self.preset.name)
+        return handed
 
-    def release(self, replica: Replica) -> None:
+    def release(self, replica: Replica, batch: bool = False) -> None:
         replica.in_flight -= 1
+        if batch:
+            replica.batch_in_flight -= 1
         replica.last_used = self.clock()
-        self._wake(replica)
+        self._hand_over(replica)
 
-    def _wake(self, replica: Replica) -> None:
-        for entry in self._waiters:
-            waiter, usable = entry
-            if not waiter.done() and replica.name in usable:
-                self._waiters.remove(entry)
-                waiter.set_result(replica)
+    def _hand_over(self, replica: Replica) -> None:
+        if replica.in_flight >= replica.limit:
+            return
+        for line in (self._waiters, self._batch):
+            if line is self._batch and replica.batch_in_flight >= self.batch_cap(replica):
                 return
+            for entry in line:
+                if not entry.future.done() and replica.name in entry.usable:
+                    line.remove(entry)
+                    entry.future.set_result(self._lease(replica, entry.batch))
+                    return
 
     def retire(self) -> None:
         """After a reload: every waiter leaves at once (PoolRetired) to pick again in the new table,
         instead of waiting for a release in a dead pool or taking a place in it."""
         self.retired = True
-        while self._waiters:
-            waiter, _ = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        for line in (self._waiters, self._batch):
+            while line:
+                entry = line.popleft()
+                if not entry.future.done():
+                    entry.future.set_result(None)
 
-    def _first_free(self, pick: Pick) -> Replica | None:
+    def _first_free(self, pick: Pick, batch: bool) -> Replica | None:
         for name in pick.order:
             replica = self.get(name)
-            if replica is not None and replica.in_flight < replica.limit:
-                return replica
+            if replica is None or replica.in_flight >= replica.limit:
+                continue
+            if batch and replica.batch_in_flight >= self.batch_cap(replica):
+                continue
+            return replica
         return None
 
-    def _lease(self, replica: Replica) -> Replica:
+    def _lease(self, replica: Replica, batch: bool) -> Replica:
         replica.in_flight += 1
+        if batch:
+            replica.batch_in_flight += 1
         replica.last_used = self.clock()
         return replica
+
+
+@dataclass(eq=False)  # compared by identity: two waiters are never the same one
+class _Waiter:
+    future: asyncio.Future[Replica | None]
+    usable: frozenset[str]
+    batch: bool
 
 
 class Fleet:

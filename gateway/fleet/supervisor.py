@@ -145,6 +145,25 @@ class Supervisor:
         units = [self.units.get(r.name) for r in pool.replicas]
         return bool(units) and all(u is not None and u.state != "failed" for u in units)
 
+    def outlook(self, pool: Pool) -> tuple[bool, bool, float | None]:
+        """For fallbacks: whether every launched replica of the pool failed, whether a request must
+        wait for a start, and the seconds that start should take (the last load's, less what a
+        start in progress has done; None before any load was measured)."""
+        units = [self.units.get(r.name) for r in pool.replicas]
+        launched = [u for u in units if u is not None]
+        if not launched or len(launched) < len(units) or any(_serving(u) for u in launched):
+            return False, False, None
+        live = [u for u in launched if u.state != "failed"]
+        if not live:
+            return True, False, None
+        now = self.clock()
+        expected = [
+            max(0.0, u.last_load - (now - u.since)) if u.state == "starting" else u.last_load
+            for u in live
+            if u.last_load is not None
+        ]
+        return False, True, (min(expected) if expected else None)
+
     # --- running --------------------------------------------------------------------------------
 
     async def start(self, preload: Iterable[str]) -> None:

@@ -20,6 +20,7 @@ import anyio
 import orjson
 
 from gateway.dialects.registry import Endpoint, for_path
+from gateway.team.keys import Identity
 from gateway.types import Message, Receive, Scope, Send
 
 Handler = Callable[[Endpoint, Scope, Receive, Send], Awaitable[None]]
@@ -125,6 +126,7 @@ async def run(
     *,
     tool: str,
     client_id: str,
+    identity: Identity | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Outcome:
@@ -173,6 +175,8 @@ async def run(
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
         "client": None,
         "gateway.client": client_id,
+        # The MCP caller's key: its presets, priority and limits hold for the tool's request too.
+        "gateway.identity": identity,
         "gateway.tool": tool,
     }
     task = asyncio.ensure_future(handle(CHAT, scope, receive, send))

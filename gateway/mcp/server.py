@@ -99,7 +99,12 @@ class McpEndpoint:
         else:
             body = tools.look_body(args)
         outcome = await call.run(
-            self.handle, body, tool=name, client_id=_client_id(ctx), progress=_progress(ctx)
+            self.handle,
+            body,
+            tool=name,
+            client_id=_client_id(ctx),
+            identity=_scope(ctx).get("gateway.identity"),
+            progress=_progress(ctx),
         )
         if outcome.error is not None:
             return _error(f"The fleet could not serve this {name}: {outcome.error}")
@@ -143,9 +148,13 @@ def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-def _client_id(ctx: Any) -> str:
+def _scope(ctx: Any) -> dict[str, Any]:
     request = getattr(ctx, "request", None)
-    scope = getattr(request, "scope", None) or {}
+    return getattr(request, "scope", None) or {}
+
+
+def _client_id(ctx: Any) -> str:
+    scope = _scope(ctx)
     found = scope.get("gateway.client")
     if found:
         return str(found)

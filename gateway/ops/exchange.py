@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.dialects.answer import Answer
+from gateway.team.keys import OPEN, Identity
 
 Outcome = Literal["completed", "rejected", "client_disconnected", "upstream_error"]
 
@@ -54,6 +55,17 @@ class Exchange:
     # The gateway opened the SSE stream itself (loading comments) before any replica answered:
     # a failure from here on is an error event, not an error response.
     stream_opened: bool = False
+    identity: Identity = OPEN  # the key's name, priority, presets and limits (never the key)
+    priority: str = "interactive"
+    admitted: bool = False  # past the key's limits: its tokens are charged to the key
+    fallback: str = ""  # "dense->moe (down)": the x-gateway-fallback header
+    fallback_reason: str = ""
+    fallback_from: str = ""  # the preset asked for, when a fallback served
+    queue_wait: float | None = None  # seconds in the preset's queue for a free place
+
+    @property
+    def key(self) -> str:
+        return self.identity.name
 
     @property
     def status_class(self) -> str:

@@ -173,14 +173,58 @@ class Metrics:
             buckets=LOAD_BUCKETS,
             registry=registry,
         )
+        # Per key: labels are the configured key names (and `anonymous`), so they stay bounded.
+        self.key_requests = Counter(
+            "gateway_key_requests",
+            "Requests a key made past its limits, by key, preset, priority and status class.",
+            ["key", "preset", "priority", "status"],
+            registry=registry,
+        )
+        self.key_tokens = Counter(
+            "gateway_key_tokens",
+            "Tokens per key and preset, as the replicas report them: prompt, cached, completion, reasoning.",
+            ["key", "preset", "kind"],
+            registry=registry,
+        )
+        self.key_limited = Counter(
+            "gateway_key_limited",
+            "Requests refused because their key was over a limit (requests_per_minute, tokens_per_minute, "
+            "tokens_per_day), or denied a preset (preset_not_allowed).",
+            ["key", "limit"],
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests served by a fallback preset, by the preset asked for, the one that served, and why.",
+            ["preset", "target", "reason"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time requests waited for a free place in their preset's queue, by priority.",
+            ["preset", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.redis_changes = Counter(
+            "gateway_redis_condition_changes",
+            "Times the shared state's Redis became unreachable or reachable again.",
+            ["condition"],
+            registry=registry,
+        )
         self.supervisor: Any = None  # set by the gateway: the states of launched replicas
         registry.register(_FleetCollector(fleet))
         registry.register(_StateCollector(lambda: self.supervisor))
+        self.redis: Callable[[], str] = lambda: "local"  # set by the gateway: the counters' condition
+        registry.register(_RedisCollector(lambda: self.redis()))
 
     def record_load(self, replica: str, outcome: str, seconds: float) -> None:
         self._child(self.loads, replica, outcome).inc()
         if outcome == "ok":
             self._child(self.load_seconds, replica).observe(seconds)
+
+    def record_redis(self, condition: str) -> None:
+        self._child(self.redis_changes, condition).inc()
 
     def record_eviction(self, replica: str) -> None:
         self._child(self.evictions, replica).inc()
@@ -201,6 +245,7 @@ class Metrics:
         self._child(self.endpoints, ex.endpoint, ex.status_class).inc()
         if ex.tool:
             self._child(self.tools, ex.tool, ex.status_class).inc()
+        self._record_key(ex)
         if ex.finished is not None:
             self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
         if ex.upstream_sent is not None:
@@ -244,7 +289,28 @@ class Metrics:
         if answer.thinking_trap:
             self._child(self.thinking_trap, preset, replica).inc()
 
+    def _record_key(self, ex: Exchange) -> None:
+        if ex.error_code in LIMIT_CODES:
+            self._child(self.key_limited, ex.key, str(ex.error_code)).inc()
+        if ex.fallback:
+            self._child(self.fallbacks, ex.fallback_from, ex.preset, ex.fallback_reason).inc()
+        if ex.queue_wait is not None:
+            self._child(self.queue_wait, ex.preset, ex.priority).observe(ex.queue_wait)
+        if not ex.admitted:
+            return
+        self._child(self.key_requests, ex.key, ex.preset, ex.priority, ex.status_class).inc()
+        answer = ex.answer
+        for kind, value in (
+            ("prompt", answer.prompt_tokens),
+            ("cached", answer.cached_tokens),
+            ("completion", answer.completion_tokens),
+            ("reasoning", answer.reasoning_tokens),
+        ):
+            if value:
+                self._child(self.key_tokens, ex.key, ex.preset, kind).inc(value)
 
+
+LIMIT_CODES = frozenset({"requests_per_minute", "tokens_per_minute", "tokens_per_day", "preset_not_allowed"})
 STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
 
 
@@ -263,6 +329,22 @@ class _StateCollector(Collector):
             for state in STATES:
                 family.add_metric([unit.name, state], 1.0 if unit.state == state else 0.0)
         yield family
+
+
+class _RedisCollector(Collector):
+    """`gateway_redis_up`, read at scrape time; absent when no Redis is configured."""
+
+    def __init__(self, condition: Callable[[], str]) -> None:
+        self.condition = condition
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        condition = self.condition()
+        if condition != "local":
+            yield GaugeMetricFamily(
+                "gateway_redis_up",
+                "1 while the shared state's Redis answers, 0 while the gateway counts locally without it.",
+                value=1 if condition == "ok" else 0,
+            )
 
 
 class _FleetCollector(Collector):

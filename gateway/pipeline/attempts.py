@@ -87,6 +87,14 @@ class Attempt:
     path: str | None = None  # the upstream path when it is the client's own (a stored response)
     # Called while a launched replica starts for this request (a stream's `: loading` comments).
     on_load_wait: Callable[[float], Awaitable[None]] | None = None
+    batch: bool = False  # batch priority: queues behind interactive work, within the batch share
+    # The round-robin position, when the team's counters gave one (shared between gateways).
+    shared_ticket: int | None = None
+    patience: float | None = None  # the client's own limit on a load wait (x-gateway-max-wait)
+    context_fallback: bool = False  # a replica's context-length 400 moves it to a fallback preset
+
+    def release(self, replica: Replica) -> None:
+        self.pool.release(replica, self.batch)
 
     def unfit(self) -> list[str]:
         """Replicas this request must never reach: an engine without the endpoint, or any
@@ -106,6 +114,8 @@ class Lifecycle(Protocol):
     ) -> float: ...
 
     def unavailable(self, pool: Pool) -> list[str]: ...
+
+    def outlook(self, pool: Pool) -> tuple[bool, bool, float | None]: ...
 
 
 class Dispatcher:
@@ -128,7 +138,7 @@ class Dispatcher:
         self.clock = clock
 
     async def open(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
-        attempt.ticket = attempt.pool.ticket()
+        attempt.ticket = attempt.pool.ticket() if attempt.shared_ticket is None else attempt.shared_ticket
         try:
             try:
                 return await self._try(attempt)
@@ -209,7 +219,8 @@ class Dispatcher:
         if self.lifecycle is not None:
             # A preset whose launched replicas are all stopped starts one and waits for it, within
             # `timeouts.load`; a retry finds it starting or ready and never starts a second.
-            load_deadline = min(attempt.deadline, self.clock() + pool.preset.timeouts.load)
+            patience = pool.preset.timeouts.load if attempt.patience is None else attempt.patience
+            load_deadline = min(attempt.deadline, self.clock() + patience)
             waited = await self.lifecycle.ensure(pool, load_deadline, attempt.on_load_wait)
             if waited:
                 ex.load_wait = (ex.load_wait or 0.0) + waited
@@ -223,11 +234,14 @@ class Dispatcher:
         if not pick.order:
             raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
         ex.pick_reason = ex.pick_reason or pick.reason
+        queued = self.clock()
         try:
-            replica = await pool.admit(pick, attempt.deadline)
+            replica = await pool.admit(pick, attempt.deadline, attempt.batch)
         except PoolRetired:
             self._repool(attempt)
             return await self._try(attempt)
+        finally:
+            ex.queue_wait = (ex.queue_wait or 0.0) + (self.clock() - queued)
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
         try:
@@ -235,7 +249,7 @@ class Dispatcher:
         except Exception as exc:
             # The gateway's own failure, before anything left: the same on every replica, so not
             # retried, and no attempt was made.
-            pool.release(replica)
+            attempt.release(replica)
             raise GatewayBug(f"The gateway could not prepare the request; request {ex.request_id}") from exc
         ex.attempts += 1
         ex.upstream_sent = ex.upstream_sent or self.clock()
@@ -248,7 +262,7 @@ class Dispatcher:
                 attempt.method,
             )
         except UpstreamError as error:
-            pool.release(replica)
+            attempt.release(replica)
             if isinstance(error, ConnectFailed):
                 attempt.refused.append(replica.name)
             self._failed(
@@ -259,7 +273,7 @@ class Dispatcher:
             )
             raise
         except BaseException:
-            pool.release(replica)
+            attempt.release(replica)
             raise
         status = response.status
         if status in RETRYABLE_STATUS:
@@ -269,7 +283,7 @@ class Dispatcher:
                 detail = b""
             finally:
                 await response.close()
-                pool.release(replica)
+                attempt.release(replica)
             self._failed(ex, replica, f"status_{status}", "server_error")
             raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"

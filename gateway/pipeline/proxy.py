@@ -18,11 +18,12 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import math
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.dialects.answer import TRAP_WARNING
@@ -47,8 +48,13 @@ from gateway.pipeline.body import ClientGone, decompress, parse_large, parse_obj
 from gateway.pipeline.rewrite import Plan, check_request, requested_task, rewrite
 from gateway.relay import respond as relay
 from gateway.routing.balancer import POLICIES
+from gateway.routing.fallback import Reason, Standing, context_error, estimate_tokens, why_not
+from gateway.routing.fallback import choose as choose_fallback
+from gateway.routing.fallback import header_value as fallback_header
 from gateway.routing.table import Preset
 from gateway.settings import Settings
+from gateway.team.keys import OPEN, Identity
+from gateway.team.team import Team
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -73,6 +79,7 @@ class Context:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
     lifecycle: Lifecycle | None = None  # the supervisor of launched replicas
+    team: Team = field(default_factory=Team.solo)  # keys, limits and usage
 
 
 class _Watch:
@@ -116,6 +123,7 @@ class Proxy:
             started=self.ctx.clock(),
             client=client[0] if client else "",
             client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
+            identity=scope.get("gateway.identity") or OPEN,
         )
 
     async def handle(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
@@ -210,28 +218,94 @@ class Proxy:
     async def _steps(
         self, endpoint: Endpoint, headers: dict[str, str], raw: bytes | bytearray, ex: Exchange, send: Send
     ) -> None:
-        settings, fleet = self.ctx.settings, self.ctx.fleet()
+        settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
         body, blobs = await self._parse(raw)
         check_request(body, endpoint)
         if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
             ex.prompt = body.get("messages", body.get("prompt", body.get("input")))
         preset = self._route(endpoint, body, headers, ex, fleet)
+        identity = ex.identity
+        team.check_preset(identity, preset.name)
+        lowered = headers.get("x-gateway-priority", "").strip().lower() == "batch"
+        ex.priority = "batch" if identity.priority == "batch" or lowered else "interactive"
+        ticket: int | None = await team.ticket(identity, preset.name)
+        ex.admitted = True
+        options = self._fallbacks(preset, endpoint, identity, headers, fleet)
+        patience = _patience(headers)
+        tokens = estimate_tokens(body)
+        reason = why_not(self._standing(fleet.pools[preset.name]), tokens, patience or preset.timeouts.load)
+        if reason is not None:
+            target = self._choose(options, reason, tokens, [preset.name])
+            if target is not None:
+                preset, ticket = self._fall_back(ex, preset, target, reason), None
+            elif reason == "context":
+                raise _too_long(preset, tokens, self._standing(fleet.pools[preset.name]).context, options)
+        tried = [preset.name]
+        async with team.running(identity, preset.limits.queue_timeout, preset.limits.queue):
+            while True:
+                may_fall_back = any(p.name not in tried for p in options)
+                try:
+                    await self._serve_preset(
+                        endpoint,
+                        headers,
+                        body,
+                        blobs,
+                        len(raw),
+                        ex,
+                        send,
+                        preset,
+                        ticket,
+                        patience,
+                        may_fall_back,
+                    )
+                    return
+                except GatewayError as error:
+                    reason = _fallback_reason(error)
+                    if reason is None or not may_fall_back or (ex.headers_sent and not ex.stream_opened):
+                        raise
+                    target = self._choose(options, reason, tokens, tried)
+                    if target is None:
+                        raise
+                preset, ticket = self._fall_back(ex, preset, target, reason), None
+                tried.append(preset.name)
+                if ex.stream_opened:
+                    await relay.comment(send, f"fallback {ex.fallback}")
+                body, blobs = await self._parse(raw)  # the rewrites of the preset it leaves, undone
+
+    async def _serve_preset(
+        self,
+        endpoint: Endpoint,
+        headers: dict[str, str],
+        body: dict[str, Any],
+        blobs: Blobs,
+        size: int,
+        ex: Exchange,
+        send: Send,
+        preset: Preset,
+        ticket: int | None,
+        patience: float | None,
+        may_fall_back: bool,
+    ) -> None:
+        """Rewrite, prefix, attempts and relay, for one preset."""
         plan = rewrite(body, preset, endpoint, want_usage=True)
-        ex.rewrites.extend(plan.notes)
+        ex.rewrites[:] = plan.notes
         ex.stream = plan.stream
         key = self._prefix(body, ex, preset, headers)
-        pool = fleet.pools[preset.name]
         attempt = Attempt(
             ex,
-            pool,
+            self.ctx.fleet().pools[preset.name],
             endpoint,
             body,
-            len(raw),
+            size,
             self.ctx.clock() + preset.timeouts.read,
             key=key,
             blobs=blobs,
             forward=[(name, headers[name]) for name in endpoint.forward if name in headers],
             pinned=self._pinned(body, preset),
+            batch=ex.priority == "batch",
+            shared_ticket=ticket,
+            patience=patience,
+            context_fallback=may_fall_back,
         )
         if plan.stream:
 
@@ -240,6 +314,41 @@ class Proxy:
 
             attempt.on_load_wait = loading
         await self._send_and_relay(attempt, plan, send)
+
+    def _fallbacks(
+        self, preset: Preset, endpoint: Endpoint, identity: Identity, headers: dict[str, str], fleet: Fleet
+    ) -> list[Preset]:
+        """The presets this request may fall back to, in the table's order: ones its key may use
+        and that serve its endpoint; none when the client says `x-gateway-fallback: none`."""
+        if headers.get("x-gateway-fallback", "").strip().lower() == "none":
+            return []
+        found = (fleet.table.presets.get(name) for name in preset.fallback)
+        return [p for p in found if p is not None and identity.allows(p.name) and _serves(p, endpoint)]
+
+    def _choose(self, options: list[Preset], reason: Reason, tokens: int, tried: list[str]) -> str | None:
+        pools = self.ctx.fleet().pools
+        standings = [(p.name, self._standing(pools[p.name])) for p in options if p.name in pools]
+        return choose_fallback(standings, reason, tokens, skip=tried)
+
+    def _fall_back(self, ex: Exchange, preset: Preset, target: str, reason: Reason) -> Preset:
+        chosen = self.ctx.fleet().table.presets[target]
+        ex.fallback = ex.fallback or fallback_header(preset.name, target, reason)
+        ex.fallback_reason = ex.fallback_reason or reason
+        ex.fallback_from = ex.fallback_from or preset.name
+        ex.preset, ex.outcome, ex.error_code = chosen.name, "completed", None
+        log.info("request %s falls back %s -> %s (%s)", ex.request_id, preset.name, target, reason)
+        return chosen
+
+    def _standing(self, pool: Pool) -> Standing:
+        """What the pool can do now, read from its replicas and the supervisor."""
+        now, lifecycle = self.ctx.clock(), self.ctx.lifecycle
+        failed, loadable, expected = lifecycle.outlook(pool) if lifecycle else (False, False, None)
+        stopped = set(lifecycle.unavailable(pool)) if lifecycle else set()
+        usable = [r for r in pool.replicas if r.name not in stopped]
+        available = any(r.health.available(now) for r in usable)
+        free = any(r.in_flight < r.limit for r in usable) or pool.queued < pool.preset.limits.queue
+        contexts = [r.context for r in pool.replicas if r.context]
+        return Standing(available, free, failed, loadable, expected, min(contexts) if contexts else None)
 
     def _pinned(self, body: dict[str, Any], preset: Preset) -> str | None:
         """A request that continues a stored response goes to the replica that holds it."""
@@ -326,9 +435,7 @@ class Proxy:
                 else:
                     response, replica = await self._open_detachable(attempt, loop_deadline)
                 # attempt.pool, not `pool`: a reload while it queued moves it to the new table's pool.
-                await self._relay(
-                    ex, attempt.endpoint, plan, attempt.pool, response, replica, send, loop_deadline
-                )
+                await self._relay(attempt, plan, response, replica, send, loop_deadline)
         except TimeoutError:
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
@@ -345,20 +452,19 @@ class Proxy:
 
     async def _relay(
         self,
-        ex: Exchange,
-        endpoint: Endpoint,
+        attempt: Attempt,
         plan: Plan,
-        pool: Pool,
         response: UpstreamResponse,
         replica: Replica,
         send: Send,
         loop_deadline: float,
     ) -> None:
         detach = False
-        preset, settings = pool.preset, self.ctx.settings
+        ex, endpoint, release = attempt.ex, attempt.endpoint, attempt.release
+        preset, settings = attempt.pool.preset, self.ctx.settings
         try:
             if response.status >= 300:
-                await self._relay_status(ex, endpoint, replica, response, send)
+                await self._relay_status(attempt, replica, response, send)
             elif plan.stream:
                 await relay.send_stream(
                     send,
@@ -397,9 +503,9 @@ class Proxy:
                 replica.prompt_tokens += ex.answer.prompt_tokens
                 replica.cached_tokens += ex.answer.cached_tokens or 0
             if detach:
-                self._detach(_drain(response, pool.release, replica, loop_deadline))
+                self._detach(_drain(response, release, replica, loop_deadline))
             else:
-                await _release(response, pool.release, replica)
+                await _release(response, release, replica)
 
     async def _open_detachable(
         self, attempt: Attempt, loop_deadline: float
@@ -419,7 +525,7 @@ class Proxy:
             def finish(done: asyncio.Future[tuple[UpstreamResponse, Replica]]) -> None:
                 if not done.cancelled() and done.exception() is None:
                     response, replica = done.result()
-                    self._detach(_drain(response, attempt.pool.release, replica, loop_deadline))
+                    self._detach(_drain(response, attempt.release, replica, loop_deadline))
 
             opening.add_done_callback(finish)
             raise
@@ -461,9 +567,10 @@ class Proxy:
         return report.affinity_key or ""
 
     async def _relay_status(
-        self, ex: Exchange, endpoint: Endpoint, replica: Replica, response: UpstreamResponse, send: Send
+        self, attempt: Attempt, replica: Replica, response: UpstreamResponse, send: Send
     ) -> None:
         """A replica's own error: its 4xx keeps status and message, anything else becomes ours."""
+        ex, endpoint = attempt.ex, attempt.endpoint
         data = await response.read(ERROR_BODY_LIMIT)
         if response.status < 400:
             raise UpstreamFailure("The replica answered with a redirect, which the gateway does not follow")
@@ -474,6 +581,9 @@ class Proxy:
             )
         key = replica.api_key()
         secrets = (key,) if key else ()
+        if attempt.context_fallback and context_error(response.status, data):
+            message = relay.upstream_error(response.status, data, secrets, endpoint.dialect)[0]
+            raise ContextExceeded(message)
         if ex.stream_opened:  # the status line went out with the loading comments: an error event
             message = relay.upstream_error(response.status, data, secrets, endpoint.dialect)[0]
             raise UpstreamFailure(message, code=str(response.status))
@@ -498,6 +608,58 @@ async def _shutdown_reply(send: Send, ex: Exchange, endpoint: Endpoint) -> None:
         elif not ex.headers_sent:
             error = NoUpstream(message, code="shutdown", headers={"retry-after": "5"})
             await relay.send_error(send, ex, error, endpoint.dialect)
+
+
+class ContextExceeded(BadRequest):
+    """A replica refused the prompt as longer than its context, and a fallback may take it."""
+
+    default_code = "context_length_exceeded"
+
+
+# Which failures before the answer started hand a request to a fallback preset, by error code.
+_FALLBACK_CODES: dict[str, Reason] = {
+    "queue_full": "full",
+    "replica_failed": "failed",
+    "load_timeout": "loading",
+    "no_healthy_upstream": "down",
+    "upstream_unavailable": "down",
+    "context_length_exceeded": "context",
+}
+
+
+def _fallback_reason(error: GatewayError) -> Reason | None:
+    return _FALLBACK_CODES.get(str(error.code))
+
+
+def _patience(headers: dict[str, str]) -> float | None:
+    """`x-gateway-max-wait: SECONDS`: how long the client will wait for a preset to load."""
+    value = headers.get("x-gateway-max-wait")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadRequest(
+            "x-gateway-max-wait must be a number of seconds",
+            code="invalid_header",
+            param="x-gateway-max-wait",
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BadRequest(
+            "x-gateway-max-wait must be 0 or more seconds", code="invalid_header", param="x-gateway-max-wait"
+        )
+    return seconds
+
+
+def _too_long(preset: Preset, tokens: int, context: int | None, options: list[Preset]) -> BadRequest:
+    tail = "; none of its fallbacks can take it" if options else ""
+    return BadRequest(
+        f"The prompt is about {tokens} tokens (estimated from its text), more than preset "
+        f"'{preset.name}' holds: its context is {context} tokens{tail}. Shorten the prompt or ask for a "
+        "preset with a longer context",
+        code="context_length_exceeded",
+        param="messages",
+    )
 
 
 def _serves(preset: Preset, endpoint: Endpoint) -> bool:

@@ -41,6 +41,8 @@ def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
         headers.append((b"x-gateway-replica", ex.replica.encode()))
     if ex.rewrites:
         headers.append((b"x-gateway-rewrites", ",".join(text for _, text in ex.rewrites).encode()))
+    if ex.fallback:
+        headers.append((b"x-gateway-fallback", ex.fallback.encode()))
     if ex.prefix:
         headers.append((b"x-gateway-prefix", ex.prefix.encode()))
     if ex.prefix_found:
@@ -239,6 +241,11 @@ async def loading_comment(send: Send, ex: Exchange, preset: str, seconds: float)
         ex.status = 200
     comment = f": loading {preset}, {seconds:.0f} s\n\n".encode()
     await send({"type": "http.response.body", "body": comment, "more_body": True})
+
+
+async def comment(send: Send, text: str) -> None:
+    """An SSE comment on a stream the gateway opened itself (every client's parser skips it)."""
+    await send({"type": "http.response.body", "body": f": {text}\n\n".encode(), "more_body": True})
 
 
 async def end_stream(send: Send, ex: Exchange, message: str, code: str, dialect: Dialect = OPENAI) -> None:

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import BadRequest, ModelNotFound, UnknownTask
+from gateway.team.keys import KeySpec
 
 Engine = Literal["vllm", "llamacpp"]
 Policy = Literal["round_robin", "least_busy", "prefix_affinity"]
@@ -64,6 +65,9 @@ class Limits(_Strict):
     max_in_flight: int = Field(64, ge=1)  # per replica; more wait in the queue
     queue: int = Field(32, ge=0)  # per preset; more get 429
     queue_timeout: float = Field(30.0, gt=0)  # a queued request older than this gets 504
+    # Batch-priority requests hold at most this share of each replica's places (rounded down, at
+    # least 1): the rest stays free for interactive work that arrives while a batch job runs.
+    batch_max_share: float = Field(0.75, gt=0, le=1)
 
 
 class Retries(_Strict):
@@ -188,6 +192,16 @@ class PresetSpec(_Inherited):
     rerank: bool = False  # its replicas serve /v1/rerank
     replicas: list[ReplicaSpec] = Field(default_factory=list)
     discover: Discover | None = None
+    # Presets that serve a request this one cannot: none ready, failed, loading too long, queue
+    # full, prompt too long for its context (pipeline/fallback.py).
+    fallback: list[str] = Field(default_factory=list)
+
+
+class State(_Strict):
+    """Where counters live that several gateway processes share (team/state.py)."""
+
+    redis: str | None = Field(None, pattern=r"^(redis|rediss|unix)://")
+    prefix: str = Field("fleet-gateway:", min_length=1, max_length=64)
 
 
 class Routing(_Strict):
@@ -213,6 +227,8 @@ class RoutesFile(_Strict):
     presets: dict[str, PresetSpec]
     tasks: dict[str, str] = Field(default_factory=dict)
     routing: Routing
+    keys: list[KeySpec] = Field(default_factory=list)
+    state: State = State()
 
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -254,6 +270,7 @@ class Preset:
     replicas: tuple[ReplicaSpec, ...]
     discover: Discover | None
     description: str = ""
+    fallback: tuple[str, ...] = ()
 
 
 class Route(NamedTuple):
@@ -272,6 +289,8 @@ class Table:
     devices: Mapping[str, float] = field(default_factory=dict)
     preload: tuple[str, ...] = ()
     restarts: Restarts = field(default_factory=Restarts)
+    keys: tuple[KeySpec, ...] = ()
+    state: State = field(default_factory=State)
     _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
     _patterns: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (casefolded glob, preset)
 
@@ -406,6 +425,8 @@ def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
         devices=dict(spec.devices),
         preload=tuple(spec.preload),
         restarts=spec.restarts,
+        keys=tuple(spec.keys),
+        state=spec.state,
         _names=names,
         _patterns=tuple(patterns),
     )
@@ -452,6 +473,7 @@ def _resolve_preset(name: str, defaults: _Inherited, spec: PresetSpec) -> Preset
         replicas=tuple(spec.replicas),
         discover=spec.discover,
         description=spec.description,
+        fallback=tuple(spec.fallback),
     )
 
 
@@ -493,6 +515,18 @@ def _cross_check(spec: RoutesFile) -> list[str]:
                 )
             replica_owner.setdefault(replica.name, (name, replica))
             problems += _launch_problems(f"presets.{name}.replicas[{index}]", replica, spec.devices)
+    for name, preset in spec.presets.items():
+        for index, target in enumerate(preset.fallback):
+            if target not in known:
+                problems.append(
+                    f"presets.{name}.fallback[{index}]: '{target}' is not a preset (presets: {listing})"
+                )
+            elif target == name:
+                problems.append(f"presets.{name}.fallback[{index}]: a preset cannot fall back to itself")
+    for index, key_spec in enumerate(spec.keys):
+        unknown = sorted(set(key_spec.presets or ()) - known)
+        if unknown:
+            problems.append(f"keys[{index}].presets: {', '.join(unknown)} not a preset (presets: {listing})")
     for index, preset_name in enumerate(spec.preload):
         if preset_name not in known:
             problems.append(f"preload[{index}]: '{preset_name}' is not a preset (presets: {listing})")

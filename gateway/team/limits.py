@@ -1,0 +1,70 @@
+"""The values the team's counters trade in: a key's limits, a refusal, one answer's tokens.
+
+Pure data, shared by the local counters (windows.py), the Redis-backed ones (state.py) and the
+request path, so that each speaks about a limit in the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RateLimit = Literal["requests_per_minute", "tokens_per_minute", "tokens_per_day"]
+MINUTE = 60.0
+DAY = 86400.0
+WINDOW: dict[RateLimit, float] = {
+    "requests_per_minute": MINUTE,
+    "tokens_per_minute": MINUTE,
+    "tokens_per_day": DAY,
+}
+USAGE_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    """None: no limit. Windows slide: a request counts for the 60 s (or 24 h) after it."""
+
+    concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+
+    def rates(self) -> list[tuple[RateLimit, int]]:
+        return [
+            (name, value)
+            for name in ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+            if (value := getattr(self, name)) is not None
+        ]
+
+
+@dataclass(frozen=True)
+class Denial:
+    """Why a key's request is refused now, and when the window admits one again."""
+
+    limit: RateLimit
+    allowed: int
+    used: int
+    retry_after: float  # seconds, > 0
+
+    def message(self, key: str) -> str:
+        unit = "requests" if self.limit == "requests_per_minute" else "tokens"
+        window = "24 h" if self.limit == "tokens_per_day" else "60 s"
+        return (
+            f"Key '{key}' is over its limit {self.limit}={self.allowed}: {self.used} {unit} in the last "
+            f"{window}; retry after {max(1, round(self.retry_after))} s"
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One answer's tokens as the engine reported them (prompt includes cached)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def charged(self) -> int:
+        """What token limits count: prompt + completion."""
+        return self.prompt_tokens + self.completion_tokens

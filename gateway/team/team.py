@@ -1,0 +1,115 @@
+"""The team at run time: who a key is, whether it may use a preset, its limits, and its usage.
+
+Holds the keyring (swapped whole on SIGHUP), the counters (local or shared, state.py) and the
+concurrency gates. The request path calls `admit` before a preset's queue and `charge` once the
+answer ended; a key's own tokens are charged when its answer ends, so a stream that crosses a
+limit is never cut, and the next request is refused until the window slides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.errors import Forbidden, RateLimited
+from gateway.team.gates import Gate
+from gateway.team.keys import ANONYMOUS, Identity, Keyring
+from gateway.team.limits import USAGE_FIELDS, Usage
+from gateway.team.state import Counters, create_counters
+
+log = logging.getLogger("gateway.team")
+
+
+class Team:
+    def __init__(self, keyring: Keyring, counters: Counters) -> None:
+        self.keyring = keyring
+        self.counters = counters
+        self._gates: dict[str, Gate] = {}
+        self._charging: set[asyncio.Future[None]] = set()
+
+    @classmethod
+    def solo(cls) -> Team:
+        """No keys, counters in this process: an open gateway, or a test's."""
+        return cls(Keyring({}), create_counters(None))
+
+    def names(self) -> tuple[str, ...]:
+        return self.keyring.names or (ANONYMOUS,)
+
+    def check_preset(self, identity: Identity, preset: str) -> None:
+        if not identity.allows(preset):
+            allowed = ", ".join(sorted(identity.presets or ())) or "none"
+            raise Forbidden(
+                f"Key '{identity.name}' may not use preset '{preset}'; its presets: {allowed}",
+                code="preset_not_allowed",
+            )
+
+    async def ticket(self, identity: Identity, preset: str) -> int:
+        """Checks the key's rate limits (429 with Retry-After when over one) and counts the
+        request; returns the preset's round-robin position, shared between gateways."""
+        admission = await self.counters.admit(identity.name, identity.limits, preset)
+        denial = admission.denial
+        if denial is not None:
+            retry = max(1, math.ceil(denial.retry_after))
+            raise RateLimited(
+                denial.message(identity.name), code=denial.limit, headers={"retry-after": str(retry)}
+            )
+        return admission.ticket
+
+    @contextlib.asynccontextmanager
+    async def running(self, identity: Identity, timeout: float, queue: int) -> AsyncIterator[None]:
+        """Holds one of the key's `concurrent` places for the request's whole answer."""
+        limit = identity.limits.concurrent
+        if limit is None:
+            yield
+            return
+        gate = self._gates.setdefault(identity.name, Gate())
+        await gate.enter(identity.name, limit, timeout, queue)
+        try:
+            yield
+        finally:
+            gate.leave()
+
+    def in_flight(self) -> dict[str, int]:
+        return {name: gate.in_flight for name, gate in self._gates.items() if gate.in_flight}
+
+    def charge(self, name: str, preset: str, usage: Usage) -> None:
+        """Counted in the background: the answer has ended, nothing waits for this."""
+        task = asyncio.ensure_future(self._charge(name, preset, usage))
+        self._charging.add(task)
+        task.add_done_callback(self._charging.discard)
+
+    async def _charge(self, name: str, preset: str, usage: Usage) -> None:
+        try:
+            await self.counters.charge(name, preset, usage)
+        except Exception:  # the counters keep their own failover; this is a last line
+            log.exception("usage of key %s on preset %s could not be counted", name, preset)
+
+    async def settle(self) -> None:
+        """Waits for the charges in flight (shutdown, tests)."""
+        if self._charging:
+            await asyncio.gather(*self._charging, return_exceptions=True)
+
+    async def usage(self, identity: Identity, days: int) -> dict[str, Any]:
+        """`GET /v1/usage`: the key's own usage, or every key's for an admin key."""
+        counted = await self.counters.usage(days)
+        start = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=days - 1)
+        since = dt.datetime.combine(start, dt.time(), dt.UTC).isoformat().replace("+00:00", "Z")
+        if identity.admin:
+            keys = {
+                name: _presets(counted.get(name, {})) for name in sorted(set(counted) | set(self.names()))
+            }
+            return {"since": since, "keys": keys}
+        return {"key": identity.name, "since": since, "presets": _presets(counted.get(identity.name, {}))}
+
+    async def close(self) -> None:
+        await self.settle()
+        await self.counters.close()
+
+
+def _presets(per_preset: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {preset: {f: int(counts.get(f, 0)) for f in USAGE_FIELDS} for preset, counts in per_preset.items()}

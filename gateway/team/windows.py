@@ -1,0 +1,181 @@
+"""Sliding windows kept in this process: the counters of a gateway without Redis, and the ones a
+gateway falls back to while Redis is unreachable.
+
+Requests per minute keep an exact log of admission times (at most `limit` entries per key, since
+nothing is logged past the limit). Token windows are buckets: 1 s wide over the minute, 60 s wide
+over the day, so a key costs at most 60 + 1440 small integers whatever its traffic. Usage is kept
+per UTC day for the last 35 days. Pure bookkeeping over a clock; the owners do the I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gateway.team.limits import DAY, MINUTE, USAGE_FIELDS, Denial, KeyLimits, RateLimit, Usage
+
+KEEP_DAYS = 35
+# (window, bucket width): the minute in seconds, the day in minutes.
+TOKEN_WINDOWS: dict[RateLimit, tuple[float, float]] = {
+    "tokens_per_minute": (MINUTE, 1.0),
+    "tokens_per_day": (DAY, 60.0),
+}
+
+UsageTable = dict[str, dict[str, dict[str, int]]]  # key -> preset -> field -> count
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The counters' answer to one request: refused (and why), or admitted with a round-robin
+    position for the preset."""
+
+    denial: Denial | None
+    ticket: int
+
+
+def day_of(now: float) -> dt.date:
+    return dt.datetime.fromtimestamp(now, dt.UTC).date()
+
+
+def usage_counts(usage: Usage) -> dict[str, int]:
+    return {
+        "requests": 1,
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+    }
+
+
+def add_counts(table: UsageTable, key: str, preset: str, counts: dict[str, int]) -> None:
+    fields = table.setdefault(key, {}).setdefault(preset, dict.fromkeys(USAGE_FIELDS, 0))
+    for field, value in counts.items():
+        fields[field] = fields.get(field, 0) + value
+
+
+def token_retry(
+    buckets: Iterable[tuple[int, int]], used: int, allowed: int, span: int, width: float, now: float
+) -> float:
+    """Seconds until the window's sum falls below `allowed`, oldest buckets leaving first.
+
+    A bucket `b` covers [b*width, (b+1)*width) and counts while b > current - span, i.e. until
+    (b + span) * width."""
+    for index, tokens in sorted(buckets):
+        used -= tokens
+        if used < allowed:
+            return max((index + span) * width - now, 0.001)
+    return width  # not reached: every bucket leaves within the window
+
+
+class TokenWindow:
+    """One key's token sum over a sliding window, in buckets."""
+
+    def __init__(self, window: float, width: float) -> None:
+        self.width = width
+        self.span = round(window / width)
+        self._buckets: dict[int, int] = {}
+
+    def _prune(self, now: float) -> None:
+        oldest = int(now // self.width) - self.span + 1
+        for index in [i for i in self._buckets if i < oldest]:
+            del self._buckets[index]
+
+    def add(self, tokens: int, now: float) -> None:
+        self._prune(now)
+        index = int(now // self.width)
+        self._buckets[index] = self._buckets.get(index, 0) + tokens
+
+    def used(self, now: float) -> int:
+        self._prune(now)
+        return sum(self._buckets.values())
+
+    def retry_after(self, allowed: int, now: float) -> float:
+        return token_retry(self._buckets.items(), self.used(now), allowed, self.span, self.width, now)
+
+
+class LocalCounters:
+    """Counters of one process; `condition()` says "local" so /ready and metrics can tell."""
+
+    round_trips = 0
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.time
+        self._requests: dict[str, collections.deque[float]] = {}
+        self._tokens: dict[str, dict[RateLimit, TokenWindow]] = {}
+        self._tickets: dict[str, itertools.count[int]] = {}
+        self._days: dict[dt.date, UsageTable] = {}
+
+    def condition(self) -> str:
+        return "local"
+
+    def check(self, key: str, limits: KeyLimits) -> Denial | None:
+        now = self._clock()
+        # The longest window first, as the Redis script checks them: the refusal that lasts.
+        for limit, allowed in reversed(limits.rates()):
+            if limit == "requests_per_minute":
+                log = self._request_log(key, now)
+                if len(log) >= allowed:
+                    return Denial(limit, allowed, len(log), max(log[0] + MINUTE - now, 0.001))
+            else:
+                window = self._windows(key)[limit]
+                used = window.used(now)
+                if used >= allowed:
+                    return Denial(limit, allowed, used, window.retry_after(allowed, now))
+        return None
+
+    async def admit(self, key: str, limits: KeyLimits, preset: str) -> Admission:
+        denial = self.check(key, limits)
+        if denial is not None:
+            return Admission(denial, 0)
+        if limits.requests_per_minute is not None:
+            self._requests.setdefault(key, collections.deque()).append(self._clock())
+        return Admission(None, self.next_ticket(preset))
+
+    def next_ticket(self, preset: str) -> int:
+        return next(self._tickets.setdefault(preset, itertools.count()))
+
+    def count_tokens(self, key: str, tokens: int, limits: Iterable[RateLimit] = TOKEN_WINDOWS) -> None:
+        now = self._clock()
+        windows = self._windows(key)
+        for limit in limits:
+            windows[limit].add(tokens, now)
+
+    async def charge(self, key: str, preset: str, usage: Usage) -> None:
+        self.count_tokens(key, usage.charged)
+        self.add_usage(day_of(self._clock()), key, preset, usage_counts(usage))
+
+    def add_usage(self, day: dt.date, key: str, preset: str, counts: dict[str, int]) -> None:
+        add_counts(self._days.setdefault(day, {}), key, preset, counts)
+        oldest = day_of(self._clock()) - dt.timedelta(days=KEEP_DAYS - 1)
+        for old in [d for d in self._days if d < oldest]:
+            del self._days[old]
+
+    async def usage(self, days: int = 1) -> UsageTable:
+        today = day_of(self._clock())
+        total: UsageTable = {}
+        for day, table in self._days.items():
+            if (today - day).days < days:
+                for key, presets in table.items():
+                    for preset, counts in presets.items():
+                        add_counts(total, key, preset, counts)
+        return total
+
+    async def close(self) -> None:
+        return None
+
+    def _request_log(self, key: str, now: float) -> collections.deque[float]:
+        log = self._requests.setdefault(key, collections.deque())
+        while log and log[0] <= now - MINUTE:
+            log.popleft()
+        return log
+
+    def _windows(self, key: str) -> dict[RateLimit, TokenWindow]:
+        windows = self._tokens.get(key)
+        if windows is None:
+            windows = {limit: TokenWindow(*shape) for limit, shape in TOKEN_WINDOWS.items()}
+            self._tokens[key] = windows
+        return windows
