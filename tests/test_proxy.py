@@ -283,8 +283,10 @@ def test_upstream_4xx_keeps_status_and_message(fleet: dict[str, ThreadServer]) -
         with run_gateway(table({**fleet, "think": tiny})) as own:
             client = openai.OpenAI(base_url=own.url + "/v1", api_key="unused", max_retries=0)
             with pytest.raises(openai.BadRequestError) as caught:
+                # CJK text: the gateway's estimate (characters / 4) lets it through, the engine
+                # counts the bytes it tokenizes and refuses; its own message reaches the client.
                 client.chat.completions.create(
-                    model="thinker", messages=[{"role": "user", "content": "word " * 200}]
+                    model="thinker", messages=[{"role": "user", "content": "字" * 200}]
                 )
             assert "exceeds the available context size" in str(caught.value)
             assert tiny.url not in str(caught.value)

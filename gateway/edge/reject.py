@@ -11,6 +11,7 @@ from gateway.dialects.registry import dialect_for, for_path
 from gateway.errors import GatewayError
 from gateway.ops.exchange import Exchange
 from gateway.relay.respond import send_error
+from gateway.team.keys import OPEN
 from gateway.types import Scope, Send
 
 Recorder = Callable[[Exchange], None]
@@ -36,6 +37,7 @@ async def reject(
         started=clock,
         client=client[0] if client else "",
         outcome="rejected",
+        identity=scope.get("gateway.identity") or OPEN,  # past the key check: whose request it was
     )
     try:
         await send_error(send, ex, error, dialect_for(scope.get("path", "")))

@@ -12,6 +12,8 @@ one a second) succeeds.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -245,6 +247,7 @@ class SharedCounters:
         self._pending: dict[tuple[dt.date, str, str], dict[str, int]] = {}
         self._pending_tokens: dict[tuple[dt.date, str, str], int] = {}
         self.dropped = 0
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def round_trips(self) -> int:
@@ -288,6 +291,10 @@ class SharedCounters:
         return total
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         if self._pending and await self._reachable():
             await self._replay()
         await self.remote.close()
@@ -340,6 +347,15 @@ class SharedCounters:
         log.debug("Redis call failed: %s", type(exc).__name__)
         self._next_try = self._monotonic() + RETRY_INTERVAL
         self._set("unreachable")
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.ensure_future(self._until_back())
+
+    async def _until_back(self) -> None:
+        """While Redis is away, try it once a second even without traffic: the usage kept
+        meanwhile is added, and /ready tells the truth, as soon as it returns."""
+        while self._condition != "ok":
+            await asyncio.sleep(max(0.0, self._next_try - self._monotonic()) + 0.01)
+            await self._reachable()
 
     def _set(self, condition: str) -> None:
         if condition != self._condition:

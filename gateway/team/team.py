@@ -77,6 +77,10 @@ class Team:
     def in_flight(self) -> dict[str, int]:
         return {name: gate.in_flight for name, gate in self._gates.items() if gate.in_flight}
 
+    def waiting(self) -> dict[str, int]:
+        """Requests waiting for one of their key's `concurrent` places, by key."""
+        return {name: gate.waiting for name, gate in self._gates.items() if gate.waiting}
+
     def charge(self, name: str, preset: str, usage: Usage) -> None:
         """Counted in the background: the answer has ended, nothing waits for this."""
         task = asyncio.ensure_future(self._charge(name, preset, usage))

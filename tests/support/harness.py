@@ -55,11 +55,11 @@ routing: {{default: m}}
 
 
 @contextlib.contextmanager
-def run_gateway(routes: str, resolver: Any = None, **settings: Any) -> Iterator[Running]:
+def run_gateway(table: str, resolver: Any = None, **settings: Any) -> Iterator[Running]:
     log = io.BytesIO()
     gateway = build_gateway(
         Settings(**settings),
-        parse_table(routes, "test-routes.yaml"),
+        parse_table(table, "test-routes.yaml"),
         registry=CollectorRegistry(),
         access_log=AccessLog(stream=log),
         **({"resolver": resolver} if resolver is not None else {}),
