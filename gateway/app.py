@@ -101,6 +101,7 @@ class Gateway:
         self.supervisor.sync()
         self.metrics.supervisor = self.supervisor
         self.metrics.redis = self.team.counters.condition
+        self.metrics.redis_round_trips = lambda: self.team.counters.round_trips
         self.proxy = Proxy(
             Context(
                 self.settings,

@@ -358,3 +358,22 @@ def test_mcp_bench_reports_both_paths_and_their_ratio(tmp_path: Path) -> None:
         assert finite_positive(line[path]["p50_ms"]) and line[path]["p95_ms"] >= line[path]["p50_ms"]
     assert finite_positive(line["ratio_p50"])
     assert "delegate / chat completions" in stdout
+
+
+# --- bench.team: a Redis-backed limit check beside a local one; interactive wait under batch load ----
+
+
+def test_team_bench_reports_both_measures(tmp_path: Path) -> None:
+    lines, stdout = run_module(["bench.team", "--quick"], tmp_path / "team.jsonl", timeout=240)
+    by_measure = {line["measure"]: line for line in lines}
+    assert set(by_measure) == {"limits", "priority"} and len(lines) == 2
+    limits = by_measure["limits"]
+    for side in ("local", "redis"):
+        assert finite_positive(limits[side]["p50_ms"]) and limits[side]["p95_ms"] >= limits[side]["p50_ms"]
+    assert finite_positive(limits["ratio_p50"])
+    # One admission script and one charge script per request, at most (a charge may still be running).
+    assert 0 < limits["round_trips_per_request"] <= 2
+    priority = by_measure["priority"]
+    for mode in ("fifo", "priority", "priority+share"):
+        assert finite_positive(priority[mode]["p50_ms"]) and priority[mode]["batch_answers"] > 0
+    assert "redis / local (p50)" in stdout and "fifo / priority+share" in stdout

@@ -8,6 +8,7 @@ refuse to send them (smuggling probes, Host-header tricks, bare CR). The upstrea
 from __future__ import annotations
 
 import copy
+import hashlib
 import hmac
 import importlib.metadata
 import json
@@ -606,11 +607,13 @@ def test_case_31_keys_are_compared_with_compare_digest(
         calls.append((a, b))
         return bool(real(a, b))
 
-    # gateway.edge.auth looks compare_digest up on the hmac module at each call, so the spy sees them all.
+    # The keyring (gateway/team/keys.py) looks compare_digest up on the hmac module at each call, so
+    # the spy sees them all; it compares the keys' SHA-256 digests, never the keys' own bytes.
     monkeypatch.setattr(hmac, "compare_digest", spy)
     response = post(locked, chat_body(), headers=[("Authorization", f"Bearer {KEY}")])
     assert response.status == 200
-    assert (KEY.encode(), KEY.encode()) in calls
+    known = hashlib.sha256(KEY.encode()).digest()
+    assert (known, known) in calls
     calls.clear()
     assert post(locked, chat_body(), headers=[("Authorization", "Bearer sk-nope")]).status == 401
     assert calls, "a wrong key was rejected without compare_digest"

@@ -216,7 +216,8 @@ class Metrics:
         registry.register(_FleetCollector(fleet))
         registry.register(_StateCollector(lambda: self.supervisor))
         self.redis: Callable[[], str] = lambda: "local"  # set by the gateway: the counters' condition
-        registry.register(_RedisCollector(lambda: self.redis()))
+        self.redis_round_trips: Callable[[], int] = lambda: 0  # set by the gateway
+        registry.register(_RedisCollector(lambda: self.redis(), lambda: self.redis_round_trips()))
 
     def record_load(self, replica: str, outcome: str, seconds: float) -> None:
         self._child(self.loads, replica, outcome).inc()
@@ -334,16 +335,23 @@ class _StateCollector(Collector):
 class _RedisCollector(Collector):
     """`gateway_redis_up`, read at scrape time; absent when no Redis is configured."""
 
-    def __init__(self, condition: Callable[[], str]) -> None:
+    def __init__(self, condition: Callable[[], str], round_trips: Callable[[], int]) -> None:
         self.condition = condition
+        self.round_trips = round_trips
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         condition = self.condition()
         if condition != "local":
             yield GaugeMetricFamily(
                 "gateway_redis_up",
                 "1 while the shared state's Redis answers, 0 while the gateway counts locally without it.",
                 value=1 if condition == "ok" else 0,
+            )
+            yield CounterMetricFamily(
+                "gateway_redis_round_trips",
+                "Calls to the shared state's Redis, one script or pipeline each: a request makes two (its "
+                "admission and its charge), a usage read one.",
+                value=self.round_trips(),
             )
 
 
