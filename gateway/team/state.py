@@ -56,10 +56,9 @@ class Counters(Protocol):
     async def close(self) -> None: ...
 
 
-# KEYS: request log (zset), minute tokens (hash), day tokens (hash), the preset's ticket.
-# ARGV: now ("" = Redis TIME), rpm, tpm, tpd (0 = none), a unique member for the log.
-# Returns {0, ticket} or {1|2|3, allowed, used, retry_after_ms}.
-_ADMIT = """
+# Both scripts start with the time: Redis's own clock (ARGV[1] == ""), so that gateways on hosts
+# whose clocks differ share one window, or the one a test gives.
+_NOW = """
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -67,6 +66,12 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
+"""
+
+# KEYS: request log (zset), minute tokens (hash), day tokens (hash), the preset's ticket.
+# ARGV: now ("" = Redis TIME), rpm, tpm, tpd (0 = none), a unique member for the log.
+# Returns {0, ticket} or {1|2|3, allowed, used, retry_after_ms}.
+_ADMIT = _NOW + """
 local function tokens(key, width, span, allowed)
   local oldest = math.floor(now / width) - span + 1
   local flat = redis.call('HGETALL', key)
@@ -111,14 +116,7 @@ return {0, ticket - 1}
 
 # KEYS: minute tokens, day tokens, the day's usage (hash). ARGV: now ("" = TIME), tokens,
 # whether to count the minute (a replay after an outage does not), then field, value pairs.
-_CHARGE = """
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+_CHARGE = _NOW + """
 local tokens = tonumber(ARGV[2])
 if tokens > 0 then
   if ARGV[3] == '1' then
