@@ -71,7 +71,9 @@ end
 # KEYS: request log (zset), minute tokens (hash), day tokens (hash), the preset's ticket.
 # ARGV: now ("" = Redis TIME), rpm, tpm, tpd (0 = none), a unique member for the log.
 # Returns {0, ticket} or {1|2|3, allowed, used, retry_after_ms}.
-_ADMIT = _NOW + """
+_ADMIT = (
+    _NOW
+    + """
 local function tokens(key, width, span, allowed)
   local oldest = math.floor(now / width) - span + 1
   local flat = redis.call('HGETALL', key)
@@ -113,10 +115,13 @@ local ticket = redis.call('INCR', KEYS[4])
 redis.call('EXPIRE', KEYS[4], 86400)
 return {0, ticket - 1}
 """
+)
 
 # KEYS: minute tokens, day tokens, the day's usage (hash). ARGV: now ("" = TIME), tokens,
 # whether to count the minute (a replay after an outage does not), then field, value pairs.
-_CHARGE = _NOW + """
+_CHARGE = (
+    _NOW
+    + """
 local tokens = tonumber(ARGV[2])
 if tokens > 0 then
   if ARGV[3] == '1' then
@@ -132,6 +137,7 @@ end
 redis.call('EXPIRE', KEYS[3], USAGE_TTL)
 return 1
 """.replace("USAGE_TTL", str((KEEP_DAYS + 1) * 86400))
+)
 
 
 class RedisCounters:
