@@ -287,3 +287,23 @@ async def test_the_stdio_bridge_without_the_key_says_why(gw: Running) -> None:
     assert done.returncode == 1
     assert b"cannot bridge" in done.stderr and b"Traceback" not in done.stderr
     assert done.stdout == b""
+
+
+@pytest.mark.anyio
+async def test_a_tool_call_is_a_request_of_the_key_that_opened_the_session(
+    fleet: dict[str, ThreadServer],
+) -> None:
+    """Issue 16: a named key's presets and usage hold for its MCP calls as for its own requests."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(b"eval-key").hexdigest()
+    keys = json.dumps([{"name": "eval", "key_sha256": digest, "presets": ["small"], "priority": "batch"}])
+    with run_gateway(table(fleet) + f"keys: {keys}\n") as keyed:
+        async with session(keyed, key="eval-key") as client:
+            allowed = await client.call_tool("delegate", {"task": "extract", "prompt": "hi"})
+            denied = await client.call_tool("delegate", {"task": "code", "prompt": "hi"})
+        assert not allowed.is_error, text(allowed)
+        assert denied.is_error and "may not use preset 'dense'" in text(denied)
+        entries = await until(lambda: [e for e in mcp_log(keyed, "delegate") if e["status"] == 200])
+        assert [(e["key"], e["priority"], e["preset"]) for e in entries] == [("eval", "batch", "small")]
