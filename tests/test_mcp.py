@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import itertools
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -294,9 +296,6 @@ async def test_a_tool_call_is_a_request_of_the_key_that_opened_the_session(
     fleet: dict[str, ThreadServer],
 ) -> None:
     """Issue 16: a named key's presets and usage hold for its MCP calls as for its own requests."""
-    import hashlib
-    import json
-
     digest = hashlib.sha256(b"eval-key").hexdigest()
     keys = json.dumps([{"name": "eval", "key_sha256": digest, "presets": ["small"], "priority": "batch"}])
     with run_gateway(table(fleet) + f"keys: {keys}\n") as keyed:
