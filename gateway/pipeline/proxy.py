@@ -233,13 +233,8 @@ class Proxy:
         options = self._fallbacks(preset, endpoint, identity, headers, fleet)
         patience = _patience(headers)
         tokens = estimate_tokens(body)
-        reason = why_not(self._standing(fleet.pools[preset.name]), tokens, patience or preset.timeouts.load)
-        if reason is not None:
-            target = self._choose(options, reason, tokens, [preset.name])
-            if target is not None:
-                preset, ticket = self._fall_back(ex, preset, target, reason), None
-            elif reason == "context":
-                raise _too_long(preset, tokens, self._standing(fleet.pools[preset.name]).context, options)
+        if (chosen := self._before_sending(ex, preset, options, tokens, patience)) is not preset:
+            preset, ticket = chosen, None  # the shared ticket was the asked preset's position
         tried = [preset.name]
         async with team.running(identity, preset.limits.queue_timeout, preset.limits.queue):
             while True:
@@ -314,6 +309,25 @@ class Proxy:
 
             attempt.on_load_wait = loading
         await self._send_and_relay(attempt, plan, send)
+
+    def _before_sending(
+        self, ex: Exchange, preset: Preset, options: list[Preset], tokens: int, patience: float | None
+    ) -> Preset:
+        """The preset that should take the request before anything is sent: the asked one, or
+        its first fallback that can serve when the asked one cannot (down, failed, loading
+        longer than the client waits, full, prompt past its context). A prompt past the context
+        with no fallback is refused here, before any GPU time."""
+        standing = self._standing(self.ctx.fleet().pools[preset.name])
+        wait = preset.timeouts.load if patience is None else patience
+        reason = why_not(standing, tokens, wait)
+        if reason is None:
+            return preset
+        target = self._choose(options, reason, tokens, [preset.name])
+        if target is not None:
+            return self._fall_back(ex, preset, target, reason)
+        if reason == "context":
+            raise _too_long(preset, tokens, standing.context, options)
+        return preset  # no fallback can take it: the preset's own answer (a wait, a 429, a 503)
 
     def _fallbacks(
         self, preset: Preset, endpoint: Endpoint, identity: Identity, headers: dict[str, str], fleet: Fleet
