@@ -519,7 +519,9 @@ def test_case_30_event_loop_isolation(tmp_path: Path) -> None:
     """Case 30: /health answers while 4 x 8 MiB bodies pass; a 100 MB error body is cut, a 502."""
     routes = tmp_path / "routes.yaml"
     big = "z" * (8 * 1024 * 1024)
-    with fault_server(name="A") as a:
+    # A context that holds the 2M-token prompt: the gateway refuses a prompt it estimates longer
+    # than the replica's context before sending it, and these bodies must pass.
+    with fault_server(name="A", context=4_000_000) as a:
         routes.write_text(routes_yaml([("A", a.url)], limits={"max_in_flight": 8}))
         gateway = GatewayProcess(routes, free_port(), GATEWAY_LOG_REQUESTS="false").start()
         try:
