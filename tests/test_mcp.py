@@ -187,6 +187,34 @@ async def test_extract_returns_validated_structured_content(gw: Running) -> None
 
 
 @pytest.mark.anyio
+async def test_extract_refuses_a_schema_that_refers_to_a_file_or_url_before_sending(
+    gw: Running, fleet: dict[str, ThreadServer], tmp_path: Any
+) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"const": "TOP-SECRET-VALUE"}')
+    before = httpx2.get(fleet["small"].url + "/sim/stats").json()["requests"]
+    async with session(gw) as client:
+        for ref in (secret.as_uri(), "http://127.0.0.1:9/schema.json"):
+            result = await client.call_tool(
+                "extract", {"prompt": "Who?", "json_schema": {"allOf": [{"$ref": ref}]}}
+            )
+            assert result.is_error and "must point inside the schema" in text(result)
+            assert "TOP-SECRET" not in text(result)
+    assert httpx2.get(fleet["small"].url + "/sim/stats").json()["requests"] == before
+
+
+@pytest.mark.anyio
+async def test_extract_checks_a_backtracking_pattern_against_a_long_answer(gw: Running) -> None:
+    # The simulator answers 60 x's; Python's regex engine would take ~2**60 steps on this pattern.
+    schema = {"type": "string", "minLength": 60, "pattern": "^(x+)+y$"}
+    async with session(gw) as client:
+        result = await client.call_tool("extract", {"prompt": "Say it", "json_schema": schema})
+        health = httpx2.get(gw.url + "/health")
+    assert result.is_error and "does not match" in text(result)
+    assert health.status_code == 200
+
+
+@pytest.mark.anyio
 async def test_look_sends_the_image_to_the_vision_preset(gw: Running, fleet: dict[str, ThreadServer]) -> None:
     async with session(gw) as client:
         result = await client.call_tool("look", {"image": PNG, "prompt": "What is this?"})

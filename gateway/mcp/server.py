@@ -8,6 +8,7 @@ own Host/Origin checks are on where the gateway runs open on a loopback address.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -20,7 +21,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from gateway import __version__
 from gateway.fleet.replicas import Fleet
-from gateway.mcp import call, tools
+from gateway.mcp import call, schema, tools
 from gateway.mcp.status import fleet_status
 from gateway.types import Receive, Scope, Send
 
@@ -78,11 +79,11 @@ class McpEndpoint:
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         name, args = params.name, params.arguments or {}
-        schema = tools.SCHEMAS.get(name)
-        if schema is None:
+        spec = tools.SCHEMAS.get(name)
+        if spec is None:
             return _error(f"Unknown tool '{name[:64]}'; the tools are {', '.join(tools.NAMES)}")
         try:
-            jsonschema.validate(args, schema)
+            jsonschema.validate(args, spec)
         except jsonschema.ValidationError as exc:
             return _error(f"Invalid arguments for {name}: {exc.message}")
         if name == tools.FLEET_STATUS:
@@ -91,6 +92,11 @@ class McpEndpoint:
                 content=[types.TextContent(type="text", text=orjson.dumps(status).decode())],
                 structured_content=status,
             )
+        if name == tools.EXTRACT:
+            try:
+                await asyncio.to_thread(schema.vet, args["json_schema"])
+            except schema.SchemaRefused as exc:
+                return _error(str(exc))
         table = self.fleet().table
         if name == tools.DELEGATE:
             body = tools.delegate_body(args)
@@ -109,7 +115,7 @@ class McpEndpoint:
         if outcome.error is not None:
             return _error(f"The fleet could not serve this {name}: {outcome.error}")
         if name == tools.EXTRACT:
-            return _extracted(outcome, args["json_schema"])
+            return await _extracted(outcome, args["json_schema"])
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.text)],
             structured_content=_figures(outcome) if name == tools.DELEGATE else None,
@@ -127,16 +133,14 @@ def _figures(outcome: call.Outcome) -> dict[str, Any]:
     }
 
 
-def _extracted(outcome: call.Outcome, schema: dict[str, Any]) -> types.CallToolResult:
+async def _extracted(outcome: call.Outcome, wanted: dict[str, Any]) -> types.CallToolResult:
     try:
         value = orjson.loads(outcome.text)
-        jsonschema.validate(value, schema)
     except orjson.JSONDecodeError:
         return _error(f"The '{outcome.preset}' preset did not answer with JSON: {outcome.text[:200]!r}")
-    except jsonschema.ValidationError as exc:
-        return _error(f"The '{outcome.preset}' preset's JSON does not satisfy the schema: {exc.message}")
-    except jsonschema.SchemaError as exc:
-        return _error(f"json_schema is not a valid JSON Schema: {exc.message}")
+    problem = await schema.check(value, wanted)
+    if problem is not None:
+        return _error(f"The '{outcome.preset}' preset's JSON does not satisfy the schema: {problem}")
     # Structured content must be an object; any other JSON value is wrapped.
     structured = value if isinstance(value, dict) else {"value": value}
     return types.CallToolResult(
