@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.auth import KeyAuth
-from gateway.edge.browser import BrowserGuard, allowed_hosts
+from gateway.edge.browser import BrowserGuard, allowed_hosts, allowed_origins
 from gateway.edge.dispatch import Dispatch, MethodNotAllowed
 from gateway.edge.guard import HeaderLimits
 from gateway.edge.reject import reject
@@ -30,7 +30,9 @@ from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
+from gateway.fleet.stored import Owner
 from gateway.fleet.supervisor import Supervisor
+from gateway.mcp.gate import McpLimits
 from gateway.mcp.server import PATH as MCP_PATH
 from gateway.mcp.server import McpEndpoint
 from gateway.ops import catalogue, status
@@ -39,6 +41,7 @@ from gateway.ops.exchange import Exchange
 from gateway.ops.metrics import Metrics
 from gateway.ops.recent import Recent
 from gateway.pipeline.proxy import Context, Proxy
+from gateway.pipeline.stored import StoredAnswers
 from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
 from gateway.team.keys import (
@@ -51,7 +54,6 @@ from gateway.team.keys import (
     load_keys_file,
     plain_keys,
 )
-from gateway.team.limits import Usage
 from gateway.team.state import create_counters
 from gateway.team.team import Team
 from gateway.upstream import UpstreamClient, create_client
@@ -117,14 +119,7 @@ class Gateway:
 
     def record(self, ex: Exchange) -> None:
         if ex.admitted:
-            answer = ex.answer
-            usage = Usage(
-                answer.prompt_tokens or 0,
-                answer.cached_tokens or 0,
-                answer.completion_tokens or 0,
-                answer.reasoning_tokens or 0,
-            )
-            self.team.charge(ex.key, ex.preset, usage)
+            self.team.charge(ex.key, ex.preset, ex.charged(), ex.reservation)
         self.metrics.record(ex)
         self.recent.record(ex)
         self.access_log.write(ex)
@@ -219,6 +214,8 @@ def create_app(gateway: Gateway) -> Any:
         gateway.proxy.handle,
         lambda: gateway.fleet,
         gateway.speeds,
+        McpLimits.of(settings),
+        gateway.record,
     )
 
     @contextlib.asynccontextmanager
@@ -229,6 +226,7 @@ def create_app(gateway: Gateway) -> Any:
                 if gateway.discovery.wanted():
                     await gateway.discovery.refresh(force=True)
                 await gateway.prober.probe_all()
+        await gateway.team.start()  # /ready says whether Redis answers from the first request on
         await gateway.supervisor.start(gateway.fleet.table.preload)
         await _wait_ready(gateway)
         probing = asyncio.create_task(gateway.prober.run())
@@ -274,9 +272,11 @@ def create_app(gateway: Gateway) -> Any:
     app.router.redirect_slashes = False
     record, clock = gateway.record, gateway.clock
     dispatch = Dispatch(
-        gateway.proxy.handle, gateway.proxy.handle_stored, app, record, clock, mounts={MCP_PATH: mcp}
+        gateway.proxy.handle, StoredAnswers(gateway.proxy).handle, app, record, clock, mounts={MCP_PATH: mcp}
     )
-    authorised = KeyAuth(dispatch, lambda: gateway.team.keyring, record, clock)
+    authorised = KeyAuth(
+        dispatch, lambda: gateway.team.keyring, record, clock, anonymous_admin=settings.anonymous_admin
+    )
     guarded = BrowserGuard(
         authorised,
         open_mode=not gateway.team.keyring,
@@ -284,6 +284,7 @@ def create_app(gateway: Gateway) -> Any:
         hosts=allowed_hosts(settings.allowed_hosts),
         record=record,
         clock=clock,
+        origins=allowed_origins(settings.cors_origins),
     )
     edge: Any = HeaderLimits(guarded, settings.max_header_bytes, settings.max_header_count, record, clock)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
@@ -308,7 +309,7 @@ def metrics_app(gateway: Gateway) -> Any:
         yield {"gateway": gateway}
 
     return Starlette(
-        routes=[Route("/metrics", _metrics, methods=["GET"])],
+        routes=[Route("/metrics", _all_metrics, methods=["GET"])],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
     )
@@ -330,11 +331,10 @@ async def _root(request: Request) -> Response:
 
 
 async def _models(request: Request) -> Response:
-    fleet = _gateway(request).fleet
-    cards = catalogue.cards(fleet)
-    if "anthropic-version" in request.headers:
-        return _json(catalogue.anthropic_list(cards))
-    return _json({"object": "list", "data": cards})
+    """The catalogue in the shape the asking agent reads: Anthropic's for `anthropic-version`
+    requests, else OpenAI's (Codex's own shape only with a configured base prompt: catalogue.py)."""
+    cards = catalogue.cards(_gateway(request).fleet)
+    return _json(catalogue.listing(cards, catalogue.shape(request.query_params, request.headers)))
 
 
 async def _model(request: Request) -> Response:
@@ -370,16 +370,22 @@ async def _usage(request: Request) -> Response:
     gateway = _gateway(request)
     identity: Identity = request.scope.get("gateway.identity") or OPEN
     days_text = request.query_params.get("days", "1")
-    if not days_text.isdigit() or not 1 <= int(days_text) <= 35:
+    # str.isdigit() also accepts superscripts and other scripts' digits, which int() refuses; and
+    # int() refuses more than 4300 digits.
+    whole = days_text.isascii() and days_text.isdigit() and len(days_text) <= 3
+    if not whole or not 1 <= int(days_text) <= 35:
         raise BadRequest("days must be a whole number from 1 to 35", code="invalid_days", param="days")
     return _json(await gateway.team.usage(identity, int(days_text)))
 
 
 def _admin_only(request: Request) -> None:
-    """With named keys, the admin endpoints are for keys marked `admin: true`."""
-    identity: Identity = request.scope.get("gateway.identity") or OPEN
-    if identity is not OPEN and identity.name != ANONYMOUS and not identity.admin:
-        raise Forbidden(f"Key '{identity.name}' is not an admin key", code="admin_only")
+    """With keys, the admin endpoints are for admin keys (edge/auth.py's is_admin decides)."""
+    if not Owner.of(request.scope).admin:
+        identity: Identity = request.scope.get("gateway.identity") or OPEN
+        hint = ""
+        if identity.name == ANONYMOUS:
+            hint = "; a plain GATEWAY_API_KEYS key is one only with GATEWAY_ANONYMOUS_ADMIN=true"
+        raise Forbidden(f"Key '{identity.name}' is not an admin key{hint}", code="admin_only")
 
 
 async def _admin_replicas(request: Request) -> Response:
@@ -430,6 +436,15 @@ def _by_key(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _metrics(request: Request) -> Response:
+    """/metrics on the main port: every series for an admin key (and an open gateway's user); a
+    key that is not an admin gets all but the per-key series, as /v1/usage shows it only its own."""
+    gateway = _gateway(request)
+    registry = gateway.registry if Owner.of(request.scope).admin else gateway.metrics.without_keys
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _all_metrics(request: Request) -> Response:
+    """/metrics on GATEWAY_METRICS_PORT: every series, for the scraper of a private port."""
     return Response(generate_latest(_gateway(request).registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,42 +1,55 @@
 """The gateway's error tree: every failure a client can see, with its status and OpenAI error type.
 
-    GatewayError                       status  type                    code
+    GatewayError                       status  type                    code                   fallback
     ├── BadRequest                     400     invalid_request_error   (per case)
     │   ├── RequestTooLarge            413                             request_too_large
-    │   └── UnknownTask                400                             unknown_task
+    │   ├── UnknownTask                400                             unknown_task
+    │   └── ContextExceeded            400                             context_length_exceeded  context
     ├── Unauthorized                   401     authentication_error    invalid_api_key
     ├── Forbidden                      403     invalid_request_error   (per case: host_not_allowed)
     ├── NotFound                       404     invalid_request_error   not_found
     │   └── ModelNotFound              404                             model_not_found
     ├── RequestTimeout                 408     invalid_request_error   body_timeout, header_timeout
     ├── UnsupportedMediaType           415     invalid_request_error   (per case)
-    ├── QueueFull                      429     rate_limit_exceeded     queue_full
-    ├── RateLimited                    429     rate_limit_exceeded     (the limit's name)
+    ├── QueueFull                      429     rate_limit_exceeded     queue_full             full     busy
+    ├── RateLimited                    429     rate_limit_exceeded     (the limit's name)              busy
     ├── GatewayBug                     500     gateway_error           internal_error
     ├── UpstreamServerError            500     upstream_error          upstream_error
     ├── UpstreamFailure                502     upstream_error          (per case)
-    ├── NoUpstream                     503     service_unavailable     no_healthy_upstream
-    ├── Overloaded                     503     service_unavailable     too_many_connections
+    ├── NoUpstream                     503     service_unavailable     no_healthy_upstream    down
+    │   ├── ReplicaFailed              503                             replica_failed         failed
+    │   └── LoadTimeout                503                             load_timeout           loading  busy
+    ├── Overloaded                     503     service_unavailable     too_many_connections            busy
     └── GatewayTimeout                 504     timeout                 (per case)
+        └── QueueTimeout               504                             queue_timeout                   busy
 
 One renderer (`render`) turns any of them into `{"error": {"message", "type", "code", "param"}}`.
+`fallback` is the reason a failure before the answer started hands the request to a fallback
+preset (routing/fallback.py), carried by the class rather than matched from its code. `busy` marks
+the failures that say "the fleet or the key is busy, retry after a while": each dialect answers
+them in the terms its agents retry on (dialects/), with `retry_after` seconds when known.
 Messages are written by the gateway, never copied from an exception, so no stack trace, replica
 URL or key can leak through them.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import orjson
 
 MAX_MESSAGE = 512
+# Why a preset hands a request to one of its fallbacks: none ready, its launched replicas failed,
+# a load longer than the client waits, its queue full, the prompt past its context.
+FallbackReason = Literal["down", "failed", "loading", "full", "context"]
 
 
 class GatewayError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "gateway_error"
     default_code: ClassVar[str] = "internal_error"
+    fallback: ClassVar[FallbackReason | None] = None
+    busy: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -55,6 +68,12 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         return render(self.message, self.type, self.code, self.param)
 
+    @property
+    def retry_after(self) -> int | None:
+        """The seconds its `retry-after` header says, where it has one."""
+        value = self.headers.get("retry-after")
+        return int(value) if value is not None and value.isdigit() else None
+
 
 class BadRequest(GatewayError):
     status = 400
@@ -69,6 +88,27 @@ class RequestTooLarge(BadRequest):
 
 class UnknownTask(BadRequest):
     default_code = "unknown_task"
+
+
+class ContextExceeded(BadRequest):
+    """The prompt does not fit the preset's context: estimated or counted by the gateway before
+    sending, or refused by the engine itself. The numbers, where known, let each dialect say it in
+    the words its agents act on (compact, or lower the budget)."""
+
+    default_code = "context_length_exceeded"
+    fallback: ClassVar[FallbackReason | None] = "context"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        context: int | None = None,
+        budget: int | None = None,
+        param: str | None = "messages",
+    ) -> None:
+        super().__init__(message, param=param)
+        self.prompt_tokens, self.context, self.budget = prompt_tokens, context, budget
 
 
 class Unauthorized(GatewayError):
@@ -109,6 +149,8 @@ class QueueFull(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     default_code = "queue_full"
+    fallback: ClassVar[FallbackReason | None] = "full"
+    busy = True
 
 
 class RateLimited(GatewayError):
@@ -117,6 +159,7 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     default_code = "rate_limited"
+    busy = True
 
 
 class GatewayBug(GatewayError):
@@ -141,6 +184,22 @@ class NoUpstream(GatewayError):
     status = 503
     type = "service_unavailable"
     default_code = "no_healthy_upstream"
+    fallback: ClassVar[FallbackReason | None] = "down"
+
+
+class ReplicaFailed(NoUpstream):
+    """Every launched replica of the preset is `failed` (a crash loop)."""
+
+    default_code = "replica_failed"
+    fallback: ClassVar[FallbackReason | None] = "failed"
+
+
+class LoadTimeout(NoUpstream):
+    """A launched replica did not become ready within the load timeout (or the client's patience)."""
+
+    default_code = "load_timeout"
+    fallback: ClassVar[FallbackReason | None] = "loading"
+    busy = True
 
 
 class Overloaded(GatewayError):
@@ -149,12 +208,20 @@ class Overloaded(GatewayError):
     status = 503
     type = "service_unavailable"
     default_code = "too_many_connections"
+    busy = True
 
 
 class GatewayTimeout(GatewayError):
     status = 504
     type = "timeout"
     default_code = "upstream_timeout"
+
+
+class QueueTimeout(GatewayTimeout):
+    """A request waited its whole queue timeout for a free place (its preset's, or its key's)."""
+
+    default_code = "queue_timeout"
+    busy = True
 
 
 def render(message: str, type_: str, code: str | int, param: str | None = None) -> bytes:

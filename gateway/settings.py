@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     max_connections: int = Field(4096, ge=1)
     # A streaming client that stops reading for this long is cut off, and so is its replica.
     write_timeout: float = Field(30.0, gt=0)
+    # A streaming request that waits (queue, load, prefill) longer than this has its stream opened
+    # by the gateway and kept alive every `keepalive_every` seconds (relay/keepalive.py).
+    keepalive_after: float = Field(1.5, gt=0)
+    keepalive_every: float = Field(10.0, gt=0)
     # A replica's answer held in memory: one SSE event until its blank line, a whole non-streaming
     # answer. Past either, the client gets the error event (or a 502), not a gateway out of memory.
     max_event_bytes: int = Field(16 * 1024 * 1024, ge=4096)
@@ -42,10 +46,22 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     # Named keys with presets, priority and limits, as `keys:` in routes.yaml (gateway/team/keys.py).
     keys_file: Path | None = None
+    # The plain keys above are not admins (no /admin/*, no other keys' figures) unless this is set;
+    # a named key is one with `admin: true`. An open gateway's caller is its admin (edge/auth.py).
+    anonymous_admin: bool = False
     # Comma-separated Host names served besides loopback ones (`*`: any); see gateway/edge/browser.py.
     allowed_hosts: str = ""
     # Comma-separated browser origins granted CORS (e.g. a web UI on another port); none by default.
     cors_origins: str = ""
+    # /mcp: a body's size (the chat path's deadline applies too), and the sessions a key and all
+    # keys together may hold (a new one takes the place of the least recently used idle one
+    # first); a session idle this long is closed. See gateway/mcp/gate.py.
+    mcp_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    mcp_sessions: int = Field(512, ge=1)
+    mcp_sessions_per_key: int = Field(32, ge=1)
+    mcp_session_idle: float = Field(1800.0, gt=0)
+    # Stored Responses ids the gateway remembers per key (the oldest go first); fleet/stored.py.
+    stored_per_key: int = Field(2000, ge=1)
     # /metrics on its own port (0 = served on the main port, behind the API key when keys are set).
     metrics_port: int = 0
     drain_seconds: float = Field(30.0, ge=0)

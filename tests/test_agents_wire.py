@@ -113,9 +113,11 @@ def test_messages_with_claude_codes_own_model_name(
     assert body["system"] == [
         {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}
     ]
-    assert body["max_tokens"] == 4096  # capped to the replica's context, as vLLM would refuse 64000
     entry = eventually(lambda: log_for(gw, "messages"))[-1]
     assert entry["status"] == 200 and entry["preset"] == "dense"
+    # Capped to what the replica's 4096-token context leaves after the prompt: vLLM refuses 64000.
+    assert body["max_tokens"] == 4096 - entry["estimated_tokens"]
+    assert f"max_tokens=64000->{body['max_tokens']}" in rewrites
 
 
 def test_messages_stream_is_relayed_whole_and_counted(gw: Running, claude: anthropic.Anthropic) -> None:
@@ -228,7 +230,10 @@ def test_responses_create_and_stream(
     assert response.status in ("completed", "incomplete") and response.usage is not None
     assert raw.headers["x-gateway-preset"] == "small"
     body, _ = last(fleet["l"])
-    assert body["max_output_tokens"] == 8192 and body["reasoning"] == {"effort": "low"}
+    entry = eventually(lambda: log_for(gw, "responses"))[-1]
+    # The preset's default budget, capped to what the 8192-token context leaves after the prompt.
+    assert body["max_output_tokens"] == 8192 - entry["estimated_tokens"]
+    assert body["reasoning"] == {"effort": "low"}
     events = list(codex.responses.create(model="coder", input="Say hello", stream=True))
     assert events[0].type == "response.created" and events[-1].type in (
         "response.completed",

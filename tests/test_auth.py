@@ -4,14 +4,18 @@ client's own dialect, recorded like any other request."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
+import httpx2
 import pytest
 
-from gateway.edge.auth import KeyAuth, presented_key
+from gateway.edge.auth import KeyAuth, is_admin, presented_key
+from gateway.fleet.stored import OPEN_OWNER, Owner
 from gateway.ops.exchange import Exchange
-from gateway.team.keys import Keyring, build_keyring
+from gateway.team.keys import OPEN, Identity, Keyring, KeySpec, build_keyring
 from tests.support.asgi import Downstream, call, http_scope
+from tests.support.harness import one_replica_table, run_gateway
 
 KEYS = frozenset({"gw-key-one", "gw-key-two"})
 
@@ -184,3 +188,85 @@ async def test_a_lifespan_scope_passes_untouched() -> None:
 
     await KeyAuth(app, ring(KEYS))({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert seen == ["lifespan"]
+
+
+@pytest.mark.anyio
+async def test_each_plain_key_owns_what_it_makes_the_gateway_keep_and_is_no_admin() -> None:
+    inner = Downstream()
+    auth = KeyAuth(inner, ring(KEYS))
+    await call(auth, http_scope("/v1/responses", headers=[("x-api-key", "gw-key-one")]))
+    await call(auth, http_scope("/v1/responses", headers=[("x-api-key", "gw-key-two")]))
+    one, two = (Owner.of(scope) for scope in inner.scopes)
+    assert one.key != two.key and one.key.startswith("anon:") and not one.admin and not two.admin
+    assert "gw-key" not in one.key
+
+
+@pytest.mark.anyio
+async def test_a_plain_key_is_an_admin_only_when_the_setting_says_so() -> None:
+    inner = Downstream()
+    await call(
+        KeyAuth(inner, ring(KEYS), anonymous_admin=True),
+        http_scope("/v1/models", "GET", [("x-api-key", "gw-key-one")]),
+    )
+    assert Owner.of(inner.scopes[0]).admin
+
+
+@pytest.mark.anyio
+async def test_a_named_key_owns_by_its_name_and_is_an_admin_when_marked() -> None:
+    digest = hashlib.sha256(b"root-secret").hexdigest()
+    keyring = build_keyring(
+        [
+            KeySpec(name="root", key_sha256=digest, admin=True),
+            KeySpec(name="alice", key_sha256=hashlib.sha256(b"alice-secret").hexdigest()),
+        ]
+    )
+    inner = Downstream()
+    auth = KeyAuth(inner, lambda: keyring)
+    await call(auth, http_scope("/v1/models", "GET", [("x-api-key", "root-secret")]))
+    await call(auth, http_scope("/v1/models", "GET", [("x-api-key", "alice-secret")]))
+    assert [Owner.of(scope) for scope in inner.scopes] == [Owner("key:root", True), Owner("key:alice", False)]
+
+
+@pytest.mark.anyio
+async def test_an_open_gateways_caller_is_its_one_local_user_and_admin() -> None:
+    inner = Downstream()
+    await call(KeyAuth(inner, ring(frozenset())), http_scope("/v1/responses"))
+    assert Owner.of(inner.scopes[0]) == OPEN_OWNER and OPEN_OWNER.admin
+
+
+def test_who_is_an_admin() -> None:
+    named_admin = Identity("root", admin=True)
+    plain = OPEN  # every GATEWAY_API_KEYS key has the anonymous identity
+    assert is_admin(named_admin, open_mode=False, anonymous_admin=False)
+    assert not is_admin(Identity("alice"), open_mode=False, anonymous_admin=True)
+    assert not is_admin(plain, open_mode=False, anonymous_admin=False)
+    assert is_admin(plain, open_mode=False, anonymous_admin=True)
+    assert is_admin(plain, open_mode=True, anonymous_admin=False)
+
+
+@pytest.mark.parametrize(("anonymous_admin", "status"), [(False, 403), (True, 200)])
+def test_admin_endpoints_refuse_a_plain_key_beside_named_ones_unless_the_setting_says_so(
+    anonymous_admin: bool, status: int
+) -> None:
+    digest = hashlib.sha256(b"root-secret").hexdigest()
+    table = one_replica_table(
+        "http://127.0.0.1:9", extra=f"keys: [{{name: root, key_sha256: {digest}, admin: true}}]"
+    )
+    with run_gateway(table, api_keys="plain-key", anonymous_admin=anonymous_admin) as gw:
+        plain = {"authorization": "Bearer plain-key"}
+        listed = httpx2.get(gw.url + "/admin/replicas", headers=plain, timeout=10)
+        assert listed.status_code == status
+        stop = httpx2.post(gw.url + "/admin/replicas/r0/stop", headers=plain, timeout=10)
+        assert stop.status_code == (403 if status == 403 else 404)  # r0 is not a launched replica
+        if status == 403:
+            assert listed.json()["error"]["code"] == "admin_only"
+            assert "GATEWAY_ANONYMOUS_ADMIN" in listed.json()["error"]["message"]
+        root = httpx2.get(
+            gw.url + "/admin/replicas", headers={"authorization": "Bearer root-secret"}, timeout=10
+        )
+        assert root.status_code == 200
+
+
+def test_an_open_gateway_keeps_its_admin_endpoints_for_the_local_user() -> None:
+    with run_gateway(one_replica_table("http://127.0.0.1:9")) as gw:
+        assert httpx2.get(gw.url + "/admin/replicas", timeout=10).status_code == 200

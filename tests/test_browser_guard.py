@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway.edge.browser import host_name
+from gateway.edge.browser import host_name, same_origin
 from tests.support.harness import Running, eventually, one_replica_table, run_gateway
 from tests.support.servers import sim_replica
 
@@ -168,3 +168,107 @@ def test_cors_only_for_listed_origins() -> None:
             **{"origin": "http://localhost:5173", "content-type": "application/json"},
         )
         assert "access-control-allow-origin" not in answer.headers
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_open_mode_refuses_a_page_post_without_content_type(open_gw: Running, path: str) -> None:
+    # What a page's fetch() with a Blob body sends: no Content-Type, so no preflight; and, as every
+    # browser POST does, an Origin.
+    cross_site = post(open_gw, path, CHAT, origin="https://evil.example")
+    assert cross_site.status_code == 403
+    port = open_gw.url.rsplit(":", 1)[1]
+    own_page = post(open_gw, path, CHAT, origin=f"http://127.0.0.1:{port}", host=f"127.0.0.1:{port}")
+    assert own_page.status_code == 415 and "no Content-Type" in own_page.text
+
+
+def test_open_mode_serves_an_untyped_post_that_no_browser_sent(open_gw: Running) -> None:
+    # curl -d, a script, an SDK: no Origin. Not a page, and what the gateway has always served.
+    assert post(open_gw, "/v1/chat/completions", CHAT).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["application/octet-stream", "text/html", "application/xml"])
+def test_open_mode_refuses_any_other_post_body_type(open_gw: Running, content_type: str) -> None:
+    answer = post(open_gw, "/v1/chat/completions", CHAT, **{"content-type": content_type})
+    assert answer.status_code == 415
+
+
+def test_open_mode_serves_json_types(open_gw: Running) -> None:
+    for content_type in ("application/json", "application/json; charset=utf-8", "application/vnd.x+json"):
+        answer = post(open_gw, "/v1/chat/completions", CHAT, **{"content-type": content_type})
+        assert answer.status_code == 200, (content_type, answer.text)
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://localhost:5173"])
+def test_open_mode_refuses_a_foreign_origin_even_a_bodyless_admin_post(open_gw: Running, origin: str) -> None:
+    stop = httpx2.post(
+        open_gw.url + "/admin/replicas/r0/stop", headers={"origin": origin, "host": "127.0.0.1"}, timeout=10
+    )
+    assert stop.status_code == 403 and stop.json()["error"]["code"] == "origin_not_allowed"
+    chat = post(
+        open_gw, "/v1/chat/completions", CHAT, **{"origin": origin, "content-type": "application/json"}
+    )
+    assert chat.status_code == 403
+    models = httpx2.get(open_gw.url + "/v1/models", headers={"origin": origin}, timeout=10)
+    assert models.status_code == 403  # a GET's answer is as readable to the page as a POST's
+
+
+def test_open_mode_serves_its_own_origin_and_a_listed_one() -> None:
+    with gateway(cors_origins="http://localhost:5173") as gw:
+        port = gw.url.rsplit(":", 1)[1]
+        own = post(
+            gw,
+            "/v1/chat/completions",
+            CHAT,
+            **{
+                "origin": f"http://127.0.0.1:{port}",
+                "host": f"127.0.0.1:{port}",
+                "content-type": "application/json",
+            },
+        )
+        assert own.status_code == 200, own.text
+        listed = post(
+            gw,
+            "/v1/chat/completions",
+            CHAT,
+            **{"origin": "http://localhost:5173", "content-type": "application/json"},
+        )
+        assert listed.status_code == 200, listed.text
+        other = post(
+            gw,
+            "/v1/chat/completions",
+            CHAT,
+            **{"origin": "http://localhost:5174", "content-type": "application/json"},
+        )
+        assert other.status_code == 403
+
+
+def test_with_keys_the_origin_is_left_to_cors_and_the_key() -> None:
+    with gateway(api_keys="k1") as gw:
+        answer = post(
+            gw,
+            "/v1/chat/completions",
+            CHAT,
+            **{
+                "origin": "https://tool.example",
+                "content-type": "application/json",
+                "authorization": "Bearer k1",
+            },
+        )
+        assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "same"),
+    [
+        ("http://127.0.0.1:18000", "127.0.0.1:18000", True),
+        ("http://localhost", "localhost:80", True),
+        ("https://gw.lan", "gw.lan:443", True),
+        ("http://localhost:18000", "127.0.0.1:18000", False),
+        ("http://127.0.0.1:18001", "127.0.0.1:18000", False),
+        ("null", "127.0.0.1:18000", False),
+        ("file://", "127.0.0.1", False),
+        ("http://127.0.0.1:18000", "", False),
+    ],
+)
+def test_same_origin_is_the_host_the_request_names(origin: str, host: str, same: bool) -> None:
+    assert same_origin(origin, host) is same

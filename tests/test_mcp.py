@@ -334,3 +334,12 @@ async def test_a_tool_call_is_a_request_of_the_key_that_opened_the_session(
         assert denied.is_error and "may not use preset 'dense'" in text(denied)
         entries = await until(lambda: [e for e in mcp_log(keyed, "delegate") if e["status"] == 200])
         assert [(e["key"], e["priority"], e["preset"]) for e in entries] == [("eval", "batch", "small")]
+
+
+@pytest.mark.anyio
+async def test_a_max_tokens_past_what_an_engine_reads_is_a_tool_error_not_a_protocol_error(
+    gw: Running,
+) -> None:
+    async with session(gw) as client:
+        result = await client.call_tool("delegate", {"task": "code", "prompt": "hi", "max_tokens": 2**70})
+    assert result.is_error and "is greater than the maximum" in text(result)

@@ -3,16 +3,22 @@ the Prometheus text format exactly as a scraper would see it."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+import httpx2
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app import metrics_app
 from gateway.fleet.replicas import Fleet
 from gateway.ops.exchange import Exchange
-from gateway.ops.metrics import Metrics
+from gateway.ops.metrics import KEY_FAMILIES, Metrics
 from gateway.routing.table import parse_table
+from gateway.team.keys import Identity
+from tests.support.harness import eventually, one_replica_table, run_gateway
+from tests.support.servers import serve, sim_replica
 
 TABLE = """
 presets:
@@ -84,7 +90,7 @@ def test_status_label_values_are_classes_not_codes() -> None:
         )
     metrics.record(Exchange(request_id="x", endpoint="other", started=0.0))  # never answered
     metrics.record(served(status=0, outcome="client_disconnected"))  # left before any header
-    metrics.record(served(status=200, outcome="client_disconnected", headers_sent=True))  # left mid-stream
+    metrics.record(served(status=200, outcome="client_disconnected"))  # left mid-stream, after its 200
     endpoint = samples(registry, "gateway_endpoint_requests_total")
     assert endpoint == {
         labels(endpoint="other", status="4xx"): 6.0,
@@ -188,3 +194,52 @@ def test_each_registry_is_its_own() -> None:
     first.record(served())
     assert samples(first_registry, "gateway_endpoint_requests_total")
     assert samples(second_registry, "gateway_endpoint_requests_total") == {}
+
+
+def test_the_view_without_keys_drops_every_per_key_family_and_keeps_the_rest() -> None:
+    metrics, registry, _ = build()
+    metrics.record(served(identity=Identity("alice"), admitted=True))
+    full = generate_latest(registry).decode()
+    assert 'gateway_key_requests_total{key="alice"' in full
+    public = generate_latest(metrics.without_keys).decode()
+    assert "gateway_key_" not in public and "alice" not in public
+    assert 'gateway_requests_total{engine="vllm"' in public  # everything else is still there
+    assert public.count("# TYPE") == full.count("# TYPE") - len(KEY_FAMILIES)
+
+
+def test_per_key_series_are_for_admin_keys_and_the_metrics_port_only() -> None:
+    def secret(name: str) -> str:
+        return f"{name}-metrics-key"
+
+    keys = ", ".join(
+        f"{{name: {name}, key_sha256: {hashlib.sha256(secret(name).encode()).hexdigest()}, admin: {name == 'root'}}}"
+        for name in ("alice", "root")
+    )
+    replica = sim_replica("vllm", "m")
+    try:
+        with run_gateway(one_replica_table(replica.url, extra=f"keys: [{keys}]")) as gw:
+
+            def scrape(who: str) -> str:
+                auth = {"authorization": f"Bearer {secret(who)}"}
+                answer = httpx2.get(gw.url + "/metrics", headers=auth, timeout=10)
+                assert answer.status_code == 200
+                return answer.text
+
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            for who in ("alice", "root"):
+                answer = httpx2.post(
+                    gw.url + "/v1/chat/completions",
+                    json=chat,
+                    headers={"authorization": f"Bearer {secret(who)}"},
+                    timeout=10,
+                )
+                assert answer.status_code == 200
+            assert eventually(lambda: 'key="root"' in gw.metrics())
+            assert "gateway_key_" not in scrape("alice") and 'key="root"' not in scrape("alice")
+            assert "gateway_requests_total" in scrape("alice")
+            assert 'gateway_key_requests_total{key="alice"' in scrape("root")
+            with serve(metrics_app(gw.gateway)) as port:
+                scraped = httpx2.get(port.url + "/metrics", timeout=10).text
+            assert 'gateway_key_requests_total{key="alice"' in scraped
+    finally:
+        replica.stop()

@@ -134,7 +134,13 @@ def test_the_replica_sees_only_the_keys_the_gateway_owns_changed(
     assert sent["chat_template_kwargs"] == {"enable_thinking": False}
     assert sent["max_tokens"] == 200  # thinking is off: the floor protects nothing here
     assert sent["temperature"] == 0.6 and sent["seed"] == 7
-    assert "stream_options" not in sent  # vLLM answers 400 to stream_options without stream
+    if raw.headers["x-gateway-replica"] == "d0":
+        assert "stream_options" not in sent and "stream" not in sent  # vLLM: 400 to stream_options alone
+    else:
+        # llama-server keeps generating a whole answer whose client left: it is asked for a stream,
+        # and the gateway assembles the whole answer the client asked for.
+        assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+        assert raw.parse().choices[0].message.content
     assert orjson.dumps(sent["messages"]) == orjson.dumps(messages)
     assert orjson.dumps(sent["tools"]) == orjson.dumps(tools)  # key order inside parameters kept
     assert raw.headers["x-gateway-rewrites"] == "thinking=off,params=temperature"
@@ -153,8 +159,9 @@ def test_max_tokens_is_capped_to_the_replicas_context(
 ) -> None:
     raw = client.chat.completions.with_raw_response.create(model="dense", messages=HELLO, max_tokens=30000)
     sent = last_body(fleet[raw.headers["x-gateway-replica"]])
-    assert sent["max_tokens"] == 4096  # both dense replicas report a 4096 context
-    assert "max_tokens=30000->4096" in raw.headers["x-gateway-rewrites"]
+    # Both dense replicas report a 4096 context; the prompt ("user", "hello") is estimated at 2.
+    assert sent["max_tokens"] == 4094
+    assert "max_tokens=30000->4094" in raw.headers["x-gateway-rewrites"]
 
 
 def test_round_robin_alternates_between_two_replicas_of_mixed_engines(client: openai.OpenAI) -> None:
@@ -283,13 +290,17 @@ def test_upstream_4xx_keeps_status_and_message(fleet: dict[str, ThreadServer]) -
         with run_gateway(table({**fleet, "think": tiny})) as own:
             client = openai.OpenAI(base_url=own.url + "/v1", api_key="unused", max_retries=0)
             with pytest.raises(openai.BadRequestError) as caught:
-                # CJK text: the gateway's estimate (characters / 4) lets it through, the engine
-                # counts the bytes it tokenizes and refuses; its own message reaches the client.
+                # CJK text: the gateway's estimate (characters / 4) is near the context, so the
+                # engine counts the bytes it tokenizes: far past it, said in OpenAI's own words.
                 client.chat.completions.create(
                     model="thinker", messages=[{"role": "user", "content": "字" * 200}]
                 )
-            assert "exceeds the available context size" in str(caught.value)
-            assert tiny.url not in str(caught.value)
+            assert caught.value.code == "context_length_exceeded"
+            message = str(caught.value)
+            assert "This model's maximum context length is 64 tokens" in message
+            counted = int(message.split("resulted in ")[1].split(" tokens")[0])
+            assert counted > 100  # the engine counts the UTF-8 bytes it tokenizes; the estimate is 51
+            assert tiny.url not in message
     finally:
         tiny.stop()
 

@@ -64,6 +64,7 @@ def test_infill_only_on_llamacpp() -> None:
 )
 def test_the_budget_lands_in_each_dialects_own_key(endpoint: str, body: dict[str, object], key: str) -> None:
     plan = rewrite(body, PLAIN, endpoint, want_usage=True)
+    body = plan.body
     assert body[key] == 8192
     assert ("max_tokens_set", f"{key}=8192") in plan.notes
     capped, note = cap_to_context(body, 1024, endpoint)
@@ -73,6 +74,7 @@ def test_the_budget_lands_in_each_dialects_own_key(endpoint: str, body: dict[str
 def test_claude_codes_64000_is_kept_then_capped_per_replica() -> None:
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 64000, "stream": True}
     plan = rewrite(body, PLAIN, "messages", want_usage=True)
+    body = plan.body
     assert body["max_tokens"] == 64000 and not plan.usage_injected and "stream_options" not in body
     assert cap_to_context(body, 8192, "messages")[0]["max_tokens"] == 8192
 
@@ -80,6 +82,7 @@ def test_claude_codes_64000_is_kept_then_capped_per_replica() -> None:
 def test_utility_endpoints_get_no_budget_or_thinking() -> None:
     body = {"model": "plain", "input": ["a", "b"]}
     plan = rewrite(body, PLAIN, "embeddings", want_usage=True)
+    body = plan.body
     assert body == {"model": "served-plain", "input": ["a", "b"]} and plan.notes == []
 
 

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
-from gateway.pipeline.rewrite import cap_to_context, check_request, requested_task, rewrite
+from gateway.pipeline.rewrite import cap_to_context, check_request, rewrite
+from gateway.routing.route import requested_task
 from gateway.routing.table import parse_table
 
 TABLE = parse_table(
@@ -44,6 +45,7 @@ def chat(**extra: Any) -> dict[str, Any]:
 def test_thinking_off_is_merged_as_a_json_bool_into_the_clients_kwargs() -> None:
     body = chat(chat_template_kwargs={"custom": 1})
     plan = rewrite(body, PLAIN, "chat", want_usage=False)
+    body = plan.body
     assert body["chat_template_kwargs"] == {"custom": 1, "enable_thinking": False}
     assert ("thinking_off", "thinking=off") in plan.notes
 
@@ -52,6 +54,7 @@ def test_thinking_off_is_merged_as_a_json_bool_into_the_clients_kwargs() -> None
 def test_the_clients_own_enable_thinking_wins(client_value: bool) -> None:
     body = chat(chat_template_kwargs={"enable_thinking": client_value})
     plan = rewrite(body, PLAIN, "chat", want_usage=False)
+    body = plan.body
     assert body["chat_template_kwargs"] == {"enable_thinking": client_value}
     assert not [n for n in plan.notes if n[0].startswith("thinking")]
 
@@ -61,25 +64,26 @@ def test_a_string_enable_thinking_becomes_a_bool(text: str, value: bool) -> None
     # llama-server answers 400 to a string; vLLM silently treats "false" as thinking on.
     body = chat(chat_template_kwargs={"enable_thinking": text})
     plan = rewrite(body, PLAIN, "chat", want_usage=False)
+    body = plan.body
     assert body["chat_template_kwargs"]["enable_thinking"] is value
     assert plan.notes[0][0] == "thinking_kwarg_fixed"
 
 
 def test_reasoning_effort_counts_as_the_clients_choice() -> None:
     body = chat(reasoning_effort="low")
-    rewrite(body, PLAIN, "chat", want_usage=False)
+    body = rewrite(body, PLAIN, "chat", want_usage=False).body
     assert "chat_template_kwargs" not in body
 
 
 def test_a_thinking_preset_injects_nothing() -> None:
     body = chat()
-    rewrite(body, THINKER, "chat", want_usage=False)
+    body = rewrite(body, THINKER, "chat", want_usage=False).body
     assert "chat_template_kwargs" not in body
 
 
 def test_completions_get_no_chat_template_kwargs() -> None:
     body = {"model": "plain", "prompt": "x"}
-    rewrite(body, PLAIN, "completions", want_usage=False)
+    body = rewrite(body, PLAIN, "completions", want_usage=False).body
     assert "chat_template_kwargs" not in body and body["max_tokens"] == 8192
 
 
@@ -119,6 +123,7 @@ def test_completions_get_no_chat_template_kwargs() -> None:
 def test_max_tokens(preset: Any, given_: dict[str, Any], expected: dict[str, int], note: str | None) -> None:
     body = chat(**given_)
     plan = rewrite(body, preset, "chat", want_usage=False)
+    body = plan.body
     assert {k: body[k] for k in expected} == expected
     texts = [text for _, text in plan.notes if text.startswith("max_")]
     assert texts == ([note] if note else [])
@@ -127,25 +132,29 @@ def test_max_tokens(preset: Any, given_: dict[str, Any], expected: dict[str, int
 def test_params_fill_only_absent_fields() -> None:
     body = chat(temperature=0.0)
     plan = rewrite(body, TUNED, "chat", want_usage=False)
+    body = plan.body
     assert body["temperature"] == 0.0 and body["top_p"] == 0.9
     assert ("params", "params=top_p") in plan.notes
 
 
 def test_model_becomes_the_served_name_and_task_is_removed() -> None:
     body = chat(task="code")
-    rewrite(body, TUNED, "chat", want_usage=False)
+    body = rewrite(body, TUNED, "chat", want_usage=False).body
     assert body["model"] == "served-tuned" and "task" not in body
 
 
 def test_stream_options_only_on_streaming_requests() -> None:
     body = chat()
     plan = rewrite(body, PLAIN, "chat", want_usage=True)
+    body = plan.body
     assert "stream_options" not in body and not plan.usage_injected  # vLLM: 400 without stream
     body = chat(stream=True)
     plan = rewrite(body, PLAIN, "chat", want_usage=True)
+    body = plan.body
     assert body["stream_options"] == {"include_usage": True} and plan.usage_injected
     body = chat(stream=True, stream_options={"include_usage": True})
     plan = rewrite(body, PLAIN, "chat", want_usage=True)
+    body = plan.body
     assert plan.client_wants_usage and not plan.usage_injected
 
 
@@ -277,7 +286,10 @@ def test_rewrite_changes_only_the_keys_the_gateway_owns(
 ) -> None:
     original = copy.deepcopy(body)
     check_request(body, "chat")
+    sent = orjson.dumps(body)
     plan = rewrite(body, preset, "chat", want_usage=want_usage)
+    assert orjson.dumps(body) == sent  # copy-on-write: the parsed request stays as the client sent it
+    body = plan.body
     wire = orjson.dumps(body)
     forwarded = orjson.loads(wire)  # valid RFC 8259 JSON, as the replica will parse it
     # messages and tools byte for byte, in the client's order (key order included).
@@ -295,7 +307,7 @@ def test_rewrite_changes_only_the_keys_the_gateway_owns(
     assert plan.stream == (original.get("stream") is True)
     # Idempotent: a second pass changes nothing.
     again = orjson.loads(wire)
-    rewrite(again, preset, "chat", want_usage=want_usage)
+    again = rewrite(again, preset, "chat", want_usage=want_usage).body
     assert orjson.dumps(again) == wire
 
 
@@ -303,5 +315,6 @@ def test_stream_options_without_a_stream_are_dropped_and_said_so() -> None:
     """vLLM answers 400 to stream_options on a non-streaming request; OpenAI ignores them."""
     body = chat(stream_options={"include_usage": True})
     plan = rewrite(body, PLAIN, "chat", want_usage=True)
+    body = plan.body
     assert "stream_options" not in body
     assert ("stream_options_dropped", "stream_options=dropped") in plan.notes

@@ -430,6 +430,7 @@ def test_case_29_rewrite_invariants(body: dict[str, Any], context: int | None) -
     route = PROPERTY_TABLE.resolve(body.get("model"), None, False)
     preset = route.preset
     plan = rewrite(body, preset, "chat", want_usage=True)
+    body = plan.body
     upstream_body, _ = cap_to_context(body, context)
     wire = orjson.dumps(upstream_body)
     forwarded = strict_json(wire)
@@ -458,7 +459,7 @@ def test_case_29_rewrite_invariants(body: dict[str, Any], context: int | None) -
         wanted = max(wanted, preset.min_max_tokens)
     assert budget == (min(wanted, context) if context else wanted)
     again = parse_object(orjson.dumps(body), max_depth=64)
-    rewrite(again, preset, "chat", want_usage=True)
+    again = rewrite(again, preset, "chat", want_usage=True).body
     assert orjson.dumps(again) == orjson.dumps(body)  # idempotent
 
 
@@ -1095,3 +1096,157 @@ def test_prompts_reach_the_log_only_when_enabled() -> None:
                 line = gw.log_entries()[0]
                 assert (line.get("prompt") == canary) is enabled
                 assert ("PROMPT-CANARY-log" in json.dumps(line)) is enabled
+
+
+# --- the new surfaces: malformed parts, stored answers across keys, descriptors -------------------------
+
+
+@pytest.fixture(scope="module")
+def sim_gw() -> Iterator[Running]:
+    from tests.support.harness import one_replica_table
+    from tests.support.servers import sim_replica
+
+    replica = sim_replica("vllm", "m")
+    try:
+        with run_gateway(one_replica_table(replica.url), api_keys="key-a,key-b") as running:
+            yield running
+    finally:
+        replica.stop()
+
+
+def _as(key: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {key}")]
+
+
+BAD_PART_TYPES = [["text"], {"kind": "text"}]
+
+
+@pytest.mark.parametrize("bad", BAD_PART_TYPES, ids=["list", "object"])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"model": "m", "messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages"),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [{}]}]},
+            "messages",
+        ),
+        (
+            "/v1/messages/count_tokens",
+            {"model": "m", "messages": [{"role": "user", "content": [{}]}]},
+            "messages",
+        ),
+        ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [{"text": "x"}]}]}, "input"),
+    ],
+    ids=["chat", "messages", "count_tokens", "responses"],
+)
+def test_a_content_part_type_that_is_not_a_string_is_a_400_in_the_dialect(
+    sim_gw: Running, path: str, body: dict[str, Any], param: str, bad: Any
+) -> None:
+    body = copy.deepcopy(body)
+    items = body["messages" if "messages" in body else "input"]
+    items[0]["content"][0]["type"] = bad
+    response = http_request(address_of(sim_gw.url), "POST", path, body, _as("key-a"), timeout=10)
+    assert response.status == 400, response.body[:300]
+    payload = response.json()
+    error = payload["error"]
+    if path.startswith("/v1/messages"):
+        assert payload["type"] == "error" and error["type"] == "invalid_request_error"
+    else:
+        assert error["param"] == f"{param}[0].content[0].type"
+    assert "must be a string" in error["message"]
+
+
+@pytest.mark.parametrize("value", [{"id": "resp_1"}, ["resp_1"], 5, True])
+def test_a_previous_response_id_that_is_not_a_string_is_a_400(sim_gw: Running, value: Any) -> None:
+    body = {"model": "m", "input": "hi", "previous_response_id": value}
+    response = http_request(address_of(sim_gw.url), "POST", "/v1/responses", body, _as("key-a"), timeout=10)
+    assert response.status == 400 and response.json()["error"]["param"] == "previous_response_id"
+
+
+# As sent on the wire: a superscript two and an Arabic-Indic one (str.isdigit accepts both, int()
+# does not), 5000 digits (past int()'s limit).
+@pytest.mark.parametrize("days", ["%C2%B2", "%D9%A1", "0", "36", "1" * 5000, "-1", "7.0"])
+def test_usage_days_other_than_a_plain_number_is_a_400(sim_gw: Running, days: str) -> None:
+    response = http_request(address_of(sim_gw.url), "GET", f"/v1/usage?days={days}", None, _as("key-a"))
+    assert response.status == 400 and response.json()["error"]["code"] == "invalid_days"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fleet/stored.py takes the caller's Owner; the proxy's stored-response handler passes it "
+    "(pipeline/proxy.py, the lead's): remove this mark with that wiring",
+)
+def test_a_stored_response_is_its_own_keys_only(sim_gw: Running) -> None:
+    address = address_of(sim_gw.url)
+    made = http_request(
+        address, "POST", "/v1/responses", {"model": "m", "input": "hi", "store": True}, _as("key-a")
+    )
+    assert made.status == 200
+    response_id = made.json()["id"]
+    target = f"/v1/responses/{response_id}"
+    assert http_request(address, "GET", target, None, _as("key-b")).status == 404
+    assert http_request(address, "DELETE", target, None, _as("key-b")).status == 404
+    assert http_request(address, "GET", target, None, _as("key-a")).status == 200
+    follow = {"model": "m", "input": "and then?", "previous_response_id": response_id}
+    assert http_request(address, "POST", "/v1/responses", follow, _as("key-b")).status == 404
+
+
+def test_the_connection_cap_fits_the_open_file_limit(tmp_path: Path) -> None:
+    """300 unfinished heads under a hard file limit of 256: the cap is lowered to fit the
+    descriptors (logged once), so a real request is answered instead of waiting in the backlog."""
+    import resource
+
+    with fault_server(name="A") as upstream:
+        routes = tmp_path / "routes.yaml"
+        routes.write_text(routes_yaml([("A", upstream.url)]))
+        port = free_port()
+        env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GATEWAY_")}
+        env.update({"GATEWAY_LOG_REQUESTS": "false", "GATEWAY_HEADER_TIMEOUT": "30"})
+        out = tmp_path / "gateway.out"
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+        with out.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "fleet-gateway"),
+                    "serve",
+                    "--routes",
+                    str(routes),
+                    "--port",
+                    str(port),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=limit,
+                start_new_session=True,
+            )
+        socks: list[socket.socket] = []
+        try:
+            assert wait_until(lambda: _answers(port), 20), out.read_text()
+            for _ in range(300):
+                try:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+                    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+                    socks.append(sock)
+                except OSError:
+                    break
+            answer = http_request(("127.0.0.1", port), "GET", "/health", timeout=5)
+            assert answer.status in (200, 503), "a real request waited unanswered"
+            assert out.read_text().count("the open-file limit is 256") == 1
+        finally:
+            for sock in socks:
+                sock.close()
+            proc.kill()
+            proc.wait(10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return http_request(("127.0.0.1", port), "GET", "/health", timeout=1).status == 200
+    except OSError:
+        return False

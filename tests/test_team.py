@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import httpx2
 import pytest
 
 from tests.support.fault_behaviours import Reply
@@ -216,6 +217,59 @@ def test_a_stream_that_crosses_a_token_limit_runs_to_its_end() -> None:
             settle(gw)
             refused = post(gw, "alice", chat_body(model="a"))
             assert refused.status == 429 and refused.json()["error"]["code"] == "tokens_per_minute"
+    finally:
+        replica.stop()
+
+
+LONG_PROMPT = "lorem ipsum dolor sit amet " * 1100  # about 7,500 tokens by the gateway's estimate
+
+
+def test_a_stream_its_client_cuts_early_is_charged_for_its_prompt_and_what_it_streamed() -> None:
+    # Slow enough that the client is gone long before the answer (and its usage) would end.
+    replica = sim_replica("vllm", "a", reasoning_tokens=0, answer_tokens=400, time_scale=1.0, decode_tps=20)
+    try:
+        table = routes({"a": preset(replica.url, "a")}, [key("alice", limits={"tokens_per_minute": 1000})])
+        with run_gateway(table) as gw:
+            body = chat_body(model="a", stream=True, max_tokens=400, content=LONG_PROMPT)
+            with (
+                httpx2.Client(timeout=20) as client,
+                client.stream(
+                    "POST",
+                    gw.url + "/v1/chat/completions",
+                    json=body,
+                    headers={"authorization": f"Bearer {secret('alice')}"},
+                ) as stream,
+            ):
+                assert stream.status_code == 200
+                for line in stream.iter_lines():
+                    if '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
+                        break  # the first content event: the client leaves here
+            entry = eventually(lambda: [e for e in gw.log_entries() if e["outcome"] == "client_disconnected"])
+            assert entry
+            settle(gw)
+            refused = post(gw, "alice", chat_body(model="a"))
+            assert refused.status == 429 and refused.json()["error"]["code"] == "tokens_per_minute"
+            usage = get(gw, "alice", "/v1/usage").json()["presets"]["a"]
+            assert usage["prompt_tokens"] >= 7000 and usage["completion_tokens"] >= 1
+    finally:
+        replica.stop()
+
+
+def test_concurrent_requests_over_a_token_limit_are_refused_once_one_is_admitted() -> None:
+    replica = sim_replica("vllm", "a", reasoning_tokens=0, answer_tokens=5, time_scale=1.0, decode_tps=5)
+    try:
+        table = routes(
+            {"a": preset(replica.url, "a", limits={"queue": 32})},
+            [key("alice", limits={"tokens_per_minute": 1000})],
+        )
+        with run_gateway(table) as gw:
+            body = chat_body(model="a", max_tokens=16, content=LONG_PROMPT)
+            with concurrent.futures.ThreadPoolExecutor(20) as pool:
+                answers = list(pool.map(lambda _: post(gw, "alice", body), range(20)))
+            statuses = sorted(answer.status for answer in answers)
+            assert statuses == [200] + [429] * 19
+            codes = {a.json()["error"]["code"] for a in answers if a.status == 429}
+            assert codes == {"tokens_per_minute"}
     finally:
         replica.stop()
 

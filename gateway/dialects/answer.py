@@ -24,6 +24,7 @@ class Answer:
     content_seen: bool = False
     reasoning_seen: bool = False
     response_id: str | None = None  # a stored Responses answer: later calls about it go to its replica
+    events: int = 0  # stream events relayed: what a stream cut before its usage is charged for
 
     @property
     def thinking_trap(self) -> bool:

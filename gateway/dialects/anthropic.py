@@ -14,8 +14,17 @@ from typing import Any
 
 import orjson
 
+from gateway.answers.changes import Changes
 from gateway.dialects.answer import Answer, as_int
-from gateway.dialects.base import Dialect, Note, optional, require_list
+from gateway.dialects.base import (
+    MAX_RETRY_HINT,
+    Dialect,
+    ErrorReply,
+    Note,
+    optional,
+    part_types,
+    require_list,
+)
 from gateway.dialects.openai import (
     any_image_part,
     client_chose_thinking,
@@ -23,6 +32,7 @@ from gateway.dialects.openai import (
     read_openai_error,
     template_thinking_off,
 )
+from gateway.errors import ContextExceeded, GatewayError
 
 # The error types Anthropic's SDKs map to their exception classes, by HTTP status.
 _TYPES = {
@@ -51,6 +61,7 @@ class AnthropicDialect(Dialect):
     content = re.compile(rb'"text_delta"|"type":\s*"tool_use"|"input_json_delta"')
     reasoning = re.compile(rb'"thinking_delta"|"type":\s*"thinking"')
     token_keys = ("max_tokens",)
+    opening_kinds = frozenset({"message_start"})
 
     def error_body(self, status: int, type_: str, message: str, code: str | int, param: str | None) -> bytes:
         return orjson.dumps({"type": "error", "error": {"type": error_type(status), "message": message}})
@@ -63,6 +74,67 @@ class AnthropicDialect(Dialect):
         # `{"type": "error", "error": {...}}` and OpenAI's `{"error": {...}}` (llama-server's
         # answer on /v1/messages) hold the same fields under `error`.
         return read_openai_error(payload)
+
+    def opening(self, *, request_id: str, model: str | None, input_tokens: int) -> bytes:
+        """`message_start` with the prompt's tokens (Claude Code tracks its context from them and
+        fails on a missing usage), as Anthropic's own API sends it before the answer is ready."""
+        message: dict[str, Any] = {
+            "id": f"msg_{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }
+        payload = {"type": "message_start", "message": message}
+        return b"event: message_start\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def keepalive(self) -> bytes:
+        """Anthropic's own keep-alive event, which resets Claude Code's stream idle timer."""
+        return b'event: ping\ndata: {"type": "ping"}\n\n'
+
+    def describe(self, error: GatewayError) -> str:
+        # Claude Code compacts its history and retries only on Anthropic's own wording, and lowers
+        # its budget only on the other one (docs/agents.md).
+        if (
+            isinstance(error, ContextExceeded)
+            and error.prompt_tokens is not None
+            and error.context is not None
+        ):
+            if error.budget is not None:
+                return (
+                    f"input length and `max_tokens` exceed context limit: {error.prompt_tokens} + "
+                    f"{error.budget} > {error.context}, decrease input length or `max_tokens` and try again"
+                )
+            return f"prompt is too long: {error.prompt_tokens} tokens > {error.context} maximum"
+        return error.message
+
+    def error_reply(
+        self, error: GatewayError, *, streaming: bool, opened: bool, request_id: str, model: str | None
+    ) -> ErrorReply:
+        """Busy (a full queue, a limit, a slow load): 429 `rate_limit_error`, which Claude Code
+        retries with back-off, honouring `retry-after` up to about a minute, never the 529 it gives
+        up on after three; `x-should-retry` says whether a retry can succeed."""
+        status = 429 if error.busy else error.status
+        kind = error_type(status)
+        message = self.describe(error)
+        if opened:
+            payload = {"type": "error", "error": {"type": kind, "message": message}}
+            return ErrorReply(200, b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n", stream=True)
+        headers = dict(error.headers)
+        wait = error.retry_after
+        retry = status >= 500 or status in (408, 409, 429)
+        if wait is not None and wait > MAX_RETRY_HINT:
+            # A day's limit: no retry within the agent's patience can succeed; the true wait stays
+            # in `retry-after` for whoever reads it.
+            retry = False
+        elif wait is not None:
+            headers["retry-after"] = str(max(1, wait))
+        headers["x-should-retry"] = "true" if retry else "false"
+        body = orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+        return ErrorReply(status, body, tuple(headers.items()))
 
     # --- answers --------------------------------------------------------------------------------
     def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
@@ -89,6 +161,7 @@ class AnthropicDialect(Dialect):
     # --- requests -------------------------------------------------------------------------------
     def check(self, body: dict[str, Any], endpoint: str) -> None:
         require_list(body, "messages")
+        part_types(body["messages"], "messages")
         optional(body, "system", (str, list), "a string or an array of text blocks")
         optional(body, "thinking", dict, "an object")
 
@@ -118,7 +191,9 @@ class AnthropicDialect(Dialect):
             notes.append(("thinking_overridden", "thinking=disabled"))
         return notes + template_thinking_off(body)
 
-    def fixes(self, body: dict[str, Any], wanted: frozenset[str]) -> list[Note]:
+    def fixes(
+        self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
+    ) -> list[Note]:
         notes: list[Note] = []
         if "billing_header" in wanted:
             notes += billing_header(body)
@@ -165,12 +240,18 @@ def system_in_turns(body: dict[str, Any]) -> list[Note]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return []
+    changed: list[Any] | None = None  # copied on the first change: the client's list stays as it came
     moved = 0
     for index, message in enumerate(messages):
         if isinstance(message, dict) and message.get("role") == "system":
-            messages[index] = {**message, "role": "user"}
+            if changed is None:
+                changed = list(messages)
+            changed[index] = {**message, "role": "user"}
             moved += 1
-    return [("system_in_turns", f"system_in_turns={moved}")] if moved else []
+    if changed is None:
+        return []
+    body["messages"] = changed
+    return [("system_in_turns", f"system_in_turns={moved}")]
 
 
 def _usage(answer: Answer, usage: Any) -> None:

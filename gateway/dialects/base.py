@@ -10,10 +10,12 @@ and the rewrite rules call these methods and never look at a dialect's field nam
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gateway.answers.changes import Changes
 from gateway.dialects.answer import Answer
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, GatewayError
 
 Note = tuple[str, str]  # (bounded metric label, text for x-gateway-rewrites)
 
@@ -32,6 +34,38 @@ def optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what
         raise BadRequest(f"'{key}' must be {what}", param=key)
 
 
+def part_types(items: Any, key: str, content_key: str = "content") -> None:
+    """Each content part's `type`, where given, must be a string: the request path compares it
+    with sets of part types (images, text), and an array or object there is a client's mistake to
+    answer with a 400, not a gateway failure."""
+    if not isinstance(items, list):
+        return
+    for i, item in enumerate(items):
+        content = item.get(content_key) if isinstance(item, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and not isinstance(part.get("type", ""), str | None):
+                where = f"{key}[{i}].{content_key}[{j}].type"
+                raise BadRequest(f"'{where}' must be a string", param=where)
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """How a client is told of the gateway's own failure: an error response (`status`, `body`,
+    `headers`), or, where `stream` is set, the events that end a stream with it (`body`)."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    stream: bool = False
+
+
+# The most an agent is asked to wait in a `retry-after`: Claude Code gives up at once on a longer
+# one, and a busy fleet frees a place within seconds.
+MAX_RETRY_HINT = 59
+
+
 class Dialect:
     name: ClassVar[str]
     # The byte strings that mark the few stream events worth parsing (usage, end of answer);
@@ -42,6 +76,8 @@ class Dialect:
     done: ClassVar[bytes | None] = None  # the stream terminator, where the dialect has one
     # Where the token budget lives, in the precedence the engines apply.
     token_keys: ClassVar[tuple[str, ...]]
+    # The events a replica's stream opens with: dropped when the gateway opened the stream already.
+    opening_kinds: ClassVar[frozenset[str]] = frozenset()
 
     # --- errors ---------------------------------------------------------------------------------
     def error_body(self, status: int, type_: str, message: str, code: str | int, param: str | None) -> bytes:
@@ -50,6 +86,32 @@ class Dialect:
     def stream_error(self, message: str, code: str) -> bytes:
         """The one event that ends a stream the gateway could not finish."""
         raise NotImplementedError
+
+    def error_reply(
+        self, error: GatewayError, *, streaming: bool, opened: bool, request_id: str, model: str | None
+    ) -> ErrorReply:
+        """The gateway's own failure in this dialect's terms: on a stream the gateway already opened
+        (`opened`), the events that end it; otherwise an error response with the error's status and
+        headers. `streaming`: the client asked for a stream (Responses answers some failures with
+        one, because that is where Codex reads them)."""
+        if opened:
+            return ErrorReply(200, self.stream_error(self.describe(error), str(error.code)), stream=True)
+        body = self.error_body(error.status, error.type, self.describe(error), error.code, error.param)
+        return ErrorReply(error.status, body, tuple(error.headers.items()))
+
+    # --- streams the gateway keeps alive ----------------------------------------------------------
+    def opening(self, *, request_id: str, model: str | None, input_tokens: int) -> bytes:
+        """The events that open a stream before any replica answered (the status line alone, here)."""
+        return b""
+
+    def keepalive(self) -> bytes:
+        """What keeps a waiting stream alive for this dialect's clients: an SSE comment here."""
+        return b": keep-alive\n\n"
+
+    def describe(self, error: GatewayError) -> str:
+        """The error's message as this dialect's clients recognise it (a context overflow in the
+        words their agents act on); by default the gateway's own."""
+        return error.message
 
     def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
         """A replica's error body read as (message, type, code, param); blanks where absent."""
@@ -86,6 +148,9 @@ class Dialect:
     def default_budget_key(self, endpoint: str) -> str:
         return self.token_keys[-1]
 
-    def fixes(self, body: dict[str, Any], wanted: frozenset[str]) -> list[Note]:
-        """Named compatibility rewrites for what local engines reject (only those `wanted`)."""
+    def fixes(
+        self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
+    ) -> list[Note]:
+        """Named compatibility rewrites for what local engines reject (only those `wanted`); a fix
+        whose answer must be changed back adds that change to `changes`."""
         return []

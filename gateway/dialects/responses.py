@@ -10,21 +10,25 @@ and its usage, with no `[DONE]`. `usage.input_tokens` includes the cached tokens
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import orjson
 
+from gateway.answers.changes import Changes
 from gateway.dialects.answer import Answer, as_int, as_str
-from gateway.dialects.base import Dialect, Note, optional
+from gateway.dialects.base import MAX_RETRY_HINT, Dialect, ErrorReply, Note, optional, part_types
+from gateway.dialects.codex import codex_tools, reasoning_replay
 from gateway.dialects.openai import (
     any_image_part,
     client_chose_thinking,
     fix_thinking_kwarg,
     openai_error,
+    openai_overflow,
     read_openai_error,
     template_thinking_off,
 )
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, ContextExceeded, GatewayError
 
 _FINAL = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b'"response.created"')
 
@@ -35,6 +39,7 @@ class ResponsesDialect(Dialect):
     content = re.compile(rb'"response\.output_text\.delta"|"type":\s*"function_call"')
     reasoning = re.compile(rb'"response\.reasoning')
     token_keys = ("max_output_tokens",)
+    opening_kinds = frozenset({"response.created", "response.in_progress"})
 
     def error_body(self, status: int, type_: str, message: str, code: str | int, param: str | None) -> bytes:
         return openai_error(message, type_, code, param)
@@ -45,6 +50,70 @@ class ResponsesDialect(Dialect):
 
     def error_message(self, payload: Any) -> tuple[str, str | None, str | int | None, str | None]:
         return read_openai_error(payload)
+
+    def opening(self, *, request_id: str, model: str | None, input_tokens: int) -> bytes:
+        """`response.created` and `response.in_progress`, as OpenAI's API opens every stream."""
+        response = _response(request_id, model, "in_progress")
+        return _event(
+            "response.created", {"type": "response.created", "sequence_number": 0, "response": response}
+        ) + _event(
+            "response.in_progress",
+            {"type": "response.in_progress", "sequence_number": 1, "response": response},
+        )
+
+    def keepalive(self) -> bytes:
+        # An event, not a comment: a client's SSE parser drops comments before its idle timer sees
+        # them (Codex's stream_idle_timeout counts parsed events); `response.in_progress` is an event
+        # every Responses client knows and ignores.
+        return _event("response.in_progress", {"type": "response.in_progress", "sequence_number": 1})
+
+    def describe(self, error: GatewayError) -> str:
+        overflow = openai_overflow(error)
+        if overflow is not None:
+            return overflow
+        if error.busy:
+            # Codex waits as long as this sentence says, then retries (docs/agents.md).
+            wait = max(1, min(error.retry_after or 1, MAX_RETRY_HINT))
+            return f"{error.message.rstrip('. ')}. Please try again in {wait}s."
+        return error.message
+
+    def error_reply(
+        self, error: GatewayError, *, streaming: bool, opened: bool, request_id: str, model: str | None
+    ) -> ErrorReply:
+        """A stream that fails for a busy fleet or an overflowing prompt ends with `response.failed`
+        carrying `rate_limit_exceeded` or `context_length_exceeded`: Codex treats an HTTP error as
+        fatal, and waits and retries, or compacts, only on those events. Without a stream, the
+        same codes in an error response."""
+        code = (
+            "context_length_exceeded"
+            if isinstance(error, ContextExceeded)
+            else "rate_limit_exceeded"
+            if error.busy
+            else None
+        )
+        if code is None or not (streaming or opened):
+            reply = super().error_reply(
+                error, streaming=streaming, opened=opened, request_id=request_id, model=model
+            )
+            if code is None:
+                return reply
+            status = 429 if error.busy else error.status
+            body = openai_error(self.describe(error), error.type, code, error.param)
+            return ErrorReply(status, body, reply.headers)
+        response = {
+            **_response(request_id, model, "failed"),
+            "error": {"code": code, "message": self.describe(error)},
+        }
+        events = b""
+        if not opened:
+            created = _response(request_id, model, "in_progress")
+            events += _event(
+                "response.created", {"type": "response.created", "sequence_number": 0, "response": created}
+            )
+        events += _event(
+            "response.failed", {"type": "response.failed", "sequence_number": 1, "response": response}
+        )
+        return ErrorReply(200, events, stream=True)
 
     # --- answers --------------------------------------------------------------------------------
     def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
@@ -82,7 +151,11 @@ class ResponsesDialect(Dialect):
         given = body.get("input")
         if not isinstance(given, str | list) or not given:
             raise BadRequest("'input' must be a non-empty string or array", param="input")
+        part_types(given, "input")
         optional(body, "reasoning", dict, "an object")
+        # The id names the stored answer a replica continues (and the replica it is on): only a
+        # string can name one, and anything else would reach the engine unchecked.
+        optional(body, "previous_response_id", str, "a string (the id of a stored response)")
 
     def has_images(self, body: dict[str, Any]) -> bool:
         return any_image_part(body.get("input"), "content")
@@ -106,15 +179,39 @@ class ResponsesDialect(Dialect):
             notes.append(("thinking_overridden", "reasoning.effort=none"))
         return notes + template_thinking_off(body)
 
-    def fixes(self, body: dict[str, Any], wanted: frozenset[str]) -> list[Note]:
+    def fixes(
+        self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
+    ) -> list[Note]:
         notes: list[Note] = []
         if "codex_lite" in wanted:
             notes += codex_lite(body)
+        if "codex_tools" in wanted:
+            notes += codex_tools(body, changes)
+        if "reasoning_replay" in wanted:
+            notes += reasoning_replay(body)
         if "system_in_turns" in wanted:
             notes += system_items_in_turns(body)
         if "unknown_tool_types" in wanted:
             notes += unknown_tool_types(body)
         return notes
+
+
+def _response(request_id: str, model: str | None, status: str) -> dict[str, Any]:
+    """A response object the gateway writes itself (opening a stream, or failing one)."""
+    return {
+        "id": f"resp_{request_id}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+    }
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def codex_lite(body: dict[str, Any]) -> list[Note]:
@@ -151,6 +248,7 @@ def system_items_in_turns(body: dict[str, Any]) -> list[Note]:
     if not isinstance(items, list):
         return []
     leading = not body.get("instructions")
+    changed: list[Any] | None = None  # copied on the first change: the client's list stays as it came
     moved = 0
     for index, item in enumerate(items):
         role = item.get("role") if isinstance(item, dict) else None
@@ -158,9 +256,14 @@ def system_items_in_turns(body: dict[str, Any]) -> list[Note]:
             continue
         leading = False
         if role in _SYSTEM_ROLES:
-            items[index] = {**item, "role": "user"}
+            if changed is None:
+                changed = list(items)
+            changed[index] = {**item, "role": "user"}
             moved += 1
-    return [("system_in_turns", f"system_in_turns={moved}")] if moved else []
+    if changed is None:
+        return []
+    body["input"] = changed
+    return [("system_in_turns", f"system_in_turns={moved}")]
 
 
 def unknown_tool_types(body: dict[str, Any]) -> list[Note]:

@@ -14,12 +14,27 @@ from collections.abc import Callable
 
 from gateway.edge.reject import Recorder, reject
 from gateway.errors import Unauthorized
-from gateway.team.keys import ANONYMOUS, OPEN, Keyring
+from gateway.fleet.stored import NOBODY, OPEN_OWNER, Owner
+from gateway.team.keys import ANONYMOUS, OPEN, Identity, Keyring
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 # The status page itself holds no data (it asks for the key and sends it with /ui/state).
 # `/` answers Claude Code's HEAD probe, which it sends without a key.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui", "/"})
+
+
+def is_admin(identity: Identity, *, open_mode: bool, anonymous_admin: bool) -> bool:
+    """Who may use /admin/* and see every key's figures.
+
+    A named key marked `admin: true`. A plain key of GATEWAY_API_KEYS only where
+    GATEWAY_ANONYMOUS_ADMIN says so: such keys are handed out to people and tools, and docs/team.md
+    promises a 403 to any key that is not an admin. An open gateway (no key configured at all) has
+    no way to tell callers apart: whoever may use it is its local user and its admin, as before;
+    what keeps a web page in the user's browser out of it is edge/browser.py.
+    """
+    if open_mode or identity.admin:
+        return True
+    return anonymous_admin and identity.name == ANONYMOUS
 
 
 def presented_key(scope: Scope) -> str | None:
@@ -38,7 +53,9 @@ def presented_key(scope: Scope) -> str | None:
 
 class KeyAuth:
     """Names the caller: `scope["gateway.identity"]` is its key's identity (team/keys.py), or the
-    anonymous one of an open gateway. The keyring is read per request, so a reload applies at once."""
+    anonymous one of an open gateway; `scope["gateway.owner"]` is whose the state it makes the
+    gateway keep is (fleet/stored.py's Owner). The keyring is read per request, so a reload
+    applies at once."""
 
     def __init__(
         self,
@@ -46,29 +63,37 @@ class KeyAuth:
         keyring: Callable[[], Keyring],
         record: Recorder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        anonymous_admin: bool = False,
     ) -> None:
         self.app = app
         self.keyring = keyring
         self.record = record
         self.clock = clock
+        self.anonymous_admin = anonymous_admin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         keyring = self.keyring()
         if scope["type"] != "http" or not keyring or scope["path"] in PUBLIC_PATHS:
             if scope["type"] == "http":
                 scope["gateway.identity"] = OPEN
+                scope["gateway.owner"] = OPEN_OWNER if not keyring else NOBODY
             await self.app(scope, receive, send)
             return
         token = presented_key(scope)
         identity = keyring.identify(token) if token is not None else None
         if token is not None and identity is not None:
             scope["gateway.identity"] = identity
-            # Who the client is, for per-client figures (prefix churn), without keeping the key.
-            scope["gateway.client"] = (
-                "key:" + hashlib.sha256(token.encode()).hexdigest()[:8]
-                if identity.name == ANONYMOUS
-                else f"key:{identity.name}"
-            )
+            admin = is_admin(identity, open_mode=False, anonymous_admin=self.anonymous_admin)
+            if identity.name == ANONYMOUS:
+                # Plain keys share one identity; what they keep stays each key's own.
+                digest = hashlib.sha256(token.encode()).hexdigest()
+                # Who the client is, for per-client figures (prefix churn), without keeping the key.
+                scope["gateway.client"] = "key:" + digest[:8]
+                scope["gateway.owner"] = Owner("anon:" + digest[:32], admin)
+            else:
+                scope["gateway.client"] = f"key:{identity.name}"
+                scope["gateway.owner"] = Owner(f"key:{identity.name}", admin)
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if token is None else "Invalid API key"

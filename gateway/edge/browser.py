@@ -2,14 +2,20 @@
 
 An open gateway on a loopback address (the workstation default) is reachable from any page the
 user's browser opens: by DNS rebinding (a name the attacker controls resolves to 127.0.0.1, so the
-request carries the attacker's `Host`) or by a "simple" cross-site POST, which a browser sends
-without asking when the body is `text/plain`, a form or multipart. So, in open mode only:
+request carries the attacker's `Host`) or by a cross-site request a browser sends without asking:
+a "simple" POST (`text/plain`, a form, multipart, or no Content-Type at all, which is what a
+page's `fetch` with a Blob body sends), even bodyless, at /admin/* as at the chat paths. So, in
+open mode only:
 
 - on a loopback bind, a request must name a loopback host (`localhost`, `127.0.0.1`, `[::1]`, any
   port) or one listed in `GATEWAY_ALLOWED_HOSTS`; a deployment behind a proxy or a Service binds a
   non-loopback address or sets keys, and then only its own `GATEWAY_ALLOWED_HOSTS` applies;
-- a body sent as one of the browser-simple content types is refused with 415 (send
-  `application/json`).
+- a request that carries an `Origin` is refused (403) unless the origin is the gateway's own (the
+  `Host` the request names) or listed in `GATEWAY_CORS_ORIGINS`: browsers send `Origin` with every
+  cross-origin request and every POST, and `null` from sandboxed frames and local files;
+- a POST must say `Content-Type: application/json` (or a `+json` type): anything else is
+  refused with 415, and so is none at all from a browser (a request with an `Origin`); other
+  methods are refused the browser-simple types.
 
 With keys set, a browser cannot add the key header cross-site without a CORS preflight, which the
 gateway only grants to `GATEWAY_CORS_ORIGINS`.
@@ -41,6 +47,28 @@ def allowed_hosts(configured: str) -> frozenset[str]:
     return frozenset(host_name(h) for h in configured.split(",") if h.strip())
 
 
+def allowed_origins(configured: str) -> frozenset[str]:
+    """GATEWAY_CORS_ORIGINS as browsers spell an origin: `scheme://host[:port]`, lower case."""
+    return frozenset(o.strip().rstrip("/").lower() for o in configured.split(",") if o.strip())
+
+
+def json_type(content_type: str) -> bool:
+    """`application/json` or a structured `+json` type, parameters already stripped."""
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """The page that sent the request was served by this gateway under the Host it names."""
+    scheme, sep, authority = origin.partition("://")
+    if not sep or scheme not in ("http", "https") or not host:
+        return False
+    host = host.strip().lower()
+    default = ":80" if scheme == "http" else ":443"
+    return authority.removesuffix(default) == host.removesuffix(default)
+
+
 class BrowserGuard:
     """Host allow-list and content-type refusal (see the module's docstring for when each holds)."""
 
@@ -53,11 +81,13 @@ class BrowserGuard:
         hosts: Collection[str],
         record: Recorder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        origins: Collection[str] = (),
     ) -> None:
         self.app = app
         self.open_mode = open_mode
         self.check_host = "*" not in hosts and (bool(hosts) or (open_mode and loopback))
         self.hosts = frozenset(hosts) | LOOPBACK_HOSTS
+        self.origins = frozenset(origins)
         self.record = record
         self.clock = clock
 
@@ -71,19 +101,38 @@ class BrowserGuard:
 
     def refusal(self, scope: Scope) -> GatewayError | None:
         host = content_type = ""
+        origin: str | None = None
         for name, value in scope["headers"]:
             if name == b"host":
                 host = value.decode("latin-1")
             elif name == b"content-type":
                 content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
+            elif name == b"origin":
+                origin = value.decode("latin-1").strip().lower()
         if self.check_host and host_name(host) not in self.hosts:
             return Forbidden(
                 "This gateway does not serve that Host name; list it in GATEWAY_ALLOWED_HOSTS "
                 "(or set GATEWAY_API_KEYS) to reach it under another name",
                 code="host_not_allowed",
             )
-        if self.open_mode and scope["method"] != "GET" and content_type in SIMPLE_TYPES:
+        if not self.open_mode:
+            return None
+        if origin is not None and origin not in self.origins and not same_origin(origin, host):
+            return Forbidden(
+                "A web page from another origin may not use a gateway without keys; list the origin "
+                "in GATEWAY_CORS_ORIGINS (or set GATEWAY_API_KEYS)",
+                code="origin_not_allowed",
+            )
+        method = scope["method"]
+        # No Content-Type at all is what a page's fetch() with an untyped Blob sends, and every
+        # browser adds an Origin to a POST (`null` included): without an Origin it is curl, a
+        # script or an SDK of the user's own, which the gateway has always served.
+        untyped_browser_post = not content_type and origin is not None
+        if (method == "POST" and (content_type or untyped_browser_post) and not json_type(content_type)) or (
+            method != "GET" and content_type in SIMPLE_TYPES
+        ):
+            shown = content_type[:64] or "no Content-Type"
             return UnsupportedMediaType(
-                f"Send the body as application/json (Content-Type: application/json), not {content_type}"
+                f"Send the body as application/json (Content-Type: application/json), not {shown}"
             )
         return None

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.errors import GatewayTimeout, QueueFull
+from gateway.errors import QueueFull, QueueTimeout
 from gateway.fleet.health import HealthState
 from gateway.routing.balancer import Pick, ReplicaView, choose
 from gateway.routing.table import Health, Preset, ReplicaSpec, Table
@@ -151,9 +151,9 @@ class Pool:
             async with asyncio.timeout(max(0.0, wait_until - self.clock())):
                 handed = await waiter
         except TimeoutError:
-            raise GatewayTimeout(
+            raise QueueTimeout(
                 f"Preset '{self.preset.name}' had no free replica within the queue timeout",
-                code="queue_timeout",
+                headers={"retry-after": "5"},
             ) from None
         except asyncio.CancelledError:
             # Handed a place, then cancelled before it ran (its client left): the place goes on.

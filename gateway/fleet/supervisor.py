@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from gateway.errors import NoUpstream
+from gateway.errors import LoadTimeout, NoUpstream, ReplicaFailed
 from gateway.fleet.capacity import Occupant, plan_start
 from gateway.fleet.health import Status
 from gateway.fleet.process import EngineProcess, tail
@@ -526,7 +526,7 @@ class Supervisor:
         message = f"Preset '{pool.preset.name}' is failed: replica {unit.name} {unit.reason}"
         if last:
             message += f". Last log lines: {last}"
-        return NoUpstream(message, code="replica_failed", headers={"retry-after": "30"})
+        return ReplicaFailed(message, headers={"retry-after": "30"})
 
     def _no_room(self, pool: Pool, holders: tuple[str, ...], waited: float) -> NoUpstream:
         if holders:
@@ -535,7 +535,7 @@ class Supervisor:
             message += f"its device is held by {held}"
         else:
             message = f"Preset '{pool.preset.name}' did not become ready within {waited:.0f} s"
-        return NoUpstream(message, code="load_timeout", headers={"retry-after": "10"})
+        return LoadTimeout(message, headers={"retry-after": "10"})
 
     def _holding(self, name: str) -> str:
         unit, replica = self.units.get(name), self.replica(name)

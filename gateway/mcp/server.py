@@ -2,8 +2,10 @@
 
 Sessions are stateful (the SDK's session manager), so a client's `notifications/cancelled` reaches
 the tool call it names and interrupts it; the call's request then leaves like any client that
-disconnects. The gateway's key middleware sits in front, as for every other endpoint; the SDK's
-own Host/Origin checks are on where the gateway runs open on a loopback address.
+disconnects. The gateway's key middleware sits in front, as for every other endpoint, and the
+browser guard (Host, Origin, JSON content type) in open mode; gate.py between them and the SDK
+binds each session to its key, caps sessions per key and in all, and bounds a body's size and
+arrival time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from gateway import __version__
 from gateway.fleet.replicas import Fleet
 from gateway.mcp import call, schema, tools
+from gateway.mcp.gate import McpLimits, Recorder, SessionGate
 from gateway.mcp.status import fleet_status
 from gateway.types import Receive, Scope, Send
 
@@ -40,8 +43,11 @@ class McpEndpoint:
         handle: call.Handler,
         fleet: Callable[[], Fleet],
         speeds: Callable[[], Mapping[str, float | None]],
+        limits: McpLimits | None = None,
+        record: Recorder | None = None,
     ) -> None:
         self.handle, self.fleet, self.speeds = handle, fleet, speeds
+        limits = limits or McpLimits()
         self.server: Server[Any] = Server(
             "fleet-gateway",
             version=__version__,
@@ -51,7 +57,14 @@ class McpEndpoint:
             on_call_tool=self._call_tool,
         )
         # Host and Origin checks for every path, /mcp included, are the edge's (edge/browser.py).
-        self.sessions = StreamableHTTPSessionManager(app=self.server)
+        # The gate in front holds the session and body limits; the SDK's own are a backstop.
+        self.sessions = StreamableHTTPSessionManager(
+            app=self.server,
+            session_idle_timeout=limits.session_idle,
+            max_request_body_size=limits.max_body_bytes,
+            max_sessions=2 * limits.sessions,
+        )
+        self.gate = SessionGate(self.sessions.handle_request, limits, record)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -59,7 +72,7 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.sessions.handle_request(scope, receive, send)
+        await self.gate(scope, receive, send)
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         described = tools.descriptions(self.fleet().table, self.speeds())

@@ -15,6 +15,7 @@ from gateway.routing.table import Table
 DELEGATE, EXTRACT, LOOK, FLEET_STATUS = "delegate", "extract", "look", "fleet_status"
 NAMES = (DELEGATE, EXTRACT, LOOK, FLEET_STATUS)
 
+MAX_TOKENS = 2**31 - 1
 _STRING = {"type": "string"}
 _OPTIONAL_PRESET = {"type": "string", "description": "A preset name or alias; overrides the task's routing"}
 _CONTEXT = {
@@ -31,7 +32,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "prompt": {"type": "string", "description": "The instruction: what to produce"},
             "system": {"type": "string", "description": "Stable instructions, kept identical across calls"},
             "context": _CONTEXT,
-            "max_tokens": {"type": "integer", "minimum": 1, "description": "Cap on the answer's tokens"},
+            # Bounded: the request body is JSON for an engine, whose integers are 64-bit at most.
+            "max_tokens": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_TOKENS,
+                "description": "Cap on the answer's tokens",
+            },
             "preset": _OPTIONAL_PRESET,
         },
         "required": ["task", "prompt"],

@@ -33,7 +33,8 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "replica": ex.replica or None,
         "engine": ex.engine or None,
         "stream": ex.stream,
-        "status": ex.status if ex.headers_sent or ex.outcome != "client_disconnected" else 499,
+        "upstream": None if not ex.attempts else "stream" if ex.upstream_stream else "whole",
+        "status": ex.status if ex.status or ex.outcome != "client_disconnected" else 499,
         "outcome": ex.outcome,
         "error_code": ex.error_code,
         "disconnect_phase": ex.disconnect_phase,
@@ -55,6 +56,8 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "overhead_ms": _ms(ex.started, ex.upstream_sent),
         "load_wait_ms": None if ex.load_wait is None else round(ex.load_wait * 1000, 1),
         "ttft_ms": _ms(ex.started, ex.first_token),
+        "estimated_tokens": ex.estimated_tokens or None,  # the prompt, by the gateway's estimate
+        "counted_tokens": ex.counted_tokens,  # ... and by the engine's count, where it was near the context
         "prompt_tokens": answer.prompt_tokens,
         "cached_tokens": answer.cached_tokens,
         "completion_tokens": answer.completion_tokens,

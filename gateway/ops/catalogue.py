@@ -1,10 +1,12 @@
 """The model catalogue agents configure themselves from: one card per preset (context length,
-capabilities, aliases, readiness) and one per exact alias, in OpenAI's list shape or, for
-clients that send `anthropic-version`, Anthropic's."""
+capabilities, aliases, readiness) and one per exact alias, in OpenAI's list shape, in Anthropic's
+for clients that send `anthropic-version` (Claude Code's gateway discovery), or in Codex's model
+catalogue for `?client_version=` (docs/agents.md, "What the agents expect (verified)")."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from gateway.fleet.replicas import Fleet
 from gateway.routing.table import Preset
@@ -82,6 +84,10 @@ def anthropic_card(card: Json) -> Json:
 
 
 def anthropic_list(cards: list[Json]) -> dict[str, Any]:
+    """Anthropic's model list. Claude Code 2.1.332 (CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY)
+    asks `GET /v1/models?limit=1000` with `anthropic-version`; it rejects the whole list unless
+    `data` holds objects with a string `id` (`display_name` a string when present), keeps only ids
+    that contain "claude" or "anthropic" for its /model picker, and reads no context length."""
     data = [anthropic_card(c) for c in cards]
     return {
         "data": data,
@@ -89,3 +95,92 @@ def anthropic_list(cards: list[Json]) -> dict[str, Any]:
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
     }
+
+
+Shape = Literal["openai", "anthropic", "codex"]
+
+
+def shape(query: Mapping[str, str], headers: Mapping[str, str]) -> Shape:
+    """Which list `GET /v1/models` answers with. Codex 0.171 asks `?client_version=0.171.0` with no
+    `anthropic-version` header; Claude Code's discovery sends `anthropic-version`."""
+    if "client_version" in query:
+        return "codex"
+    if "anthropic-version" in headers:
+        return "anthropic"
+    return "openai"
+
+
+def listing(cards: list[Json], chosen: Shape, codex_instructions: str | None = None) -> dict[str, Any]:
+    """The answer to `GET /v1/models` in the chosen shape. Codex's catalogue replaces Codex's own
+    base prompt with `codex_instructions`; without them Codex gets the OpenAI list, fails to
+    decode it, and keeps its own prompt and fallback metadata (the window then comes from the
+    `model_context_window` key `fleet-gateway connect codex` prints), as if it had no catalogue."""
+    if chosen == "codex" and codex_instructions:
+        return codex_list(cards, codex_instructions)
+    if chosen == "anthropic":
+        return anthropic_list(cards)
+    return {"object": "list", "data": cards}
+
+
+# Codex 0.171 drops the whole catalogue ("failed to decode models response") when one entry
+# lacks any of these (measured by removing each field of its bundled entry in turn), and then
+# runs on its fallback metadata; unknown fields are ignored. It also needs the base prompt, as
+# `base_instructions` or `model_messages.instructions_template`.
+CODEX_REQUIRED = (
+    "slug",
+    "display_name",
+    "priority",
+    "visibility",
+    "supported_in_api",
+    "shell_type",
+    "supported_reasoning_levels",
+    "support_verbosity",
+    "truncation_policy",
+    "experimental_supported_tools",
+)
+# Codex compacts at auto_compact_token_limit, 90 % of context_window when absent (its own rule).
+CODEX_COMPACT_SHARE = 0.9
+
+
+def codex_model(card: Json, priority: int, instructions: str) -> Json:
+    """One entry of Codex's catalogue, as its fallback metadata would have it (shell tools,
+    10,000-byte tool output truncation) plus what the gateway knows: the replicas' context and
+    whether the preset takes images."""
+    context = card.get("context_length")
+    entry: Json = {
+        "slug": card["id"],
+        "display_name": card["id"],
+        "description": f"Fleet Gateway preset {card.get('preset', card['id'])}",
+        "priority": priority,
+        "visibility": "list",
+        "supported_in_api": True,
+        "shell_type": "shell_command",
+        "supported_reasoning_levels": [],
+        "support_verbosity": False,
+        "truncation_policy": {"mode": "bytes", "limit": 10_000},
+        "experimental_supported_tools": [],
+        # Codex sends this as its first developer message in place of its own base prompt.
+        "base_instructions": instructions,
+        "supports_parallel_tool_calls": True,
+        "input_modalities": ["text", "image"] if card.get("vision") else ["text"],
+    }
+    if isinstance(context, int) and context > 0:
+        entry["context_window"] = context
+        entry["max_context_window"] = context
+        entry["auto_compact_token_limit"] = int(context * CODEX_COMPACT_SHARE)
+    return entry
+
+
+def codex_list(cards: list[Json], instructions: str) -> dict[str, Any]:
+    """Codex's `{"models": [...]}`: every preset and exact alias under its own slug, an alias
+    with its preset's context and capabilities (Codex looks metadata up by the configured name)."""
+    presets = {c["id"]: c for c in cards if "preset" not in c}
+    models = []
+    for priority, card in enumerate(cards):
+        if "preset" in card:
+            preset = presets.get(card["preset"])
+            if preset is None:
+                continue
+            card = {**preset, "id": card["id"], "preset": card["preset"]}
+        models.append(codex_model(card, priority, instructions))
+    return {"models": models}

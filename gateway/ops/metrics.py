@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet.prober import BACKEND_COUNTERS, BACKEND_METRICS
@@ -30,6 +30,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.
 RATE_BUCKETS = (1, 2.5, 5, 10, 15, 20, 25, 35, 50, 75, 100, 150, 200, 300, 500, 1000)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
+
+# The families labelled by key name; see Metrics.without_keys.
+KEY_FAMILIES = frozenset({"gateway_key_requests", "gateway_key_tokens", "gateway_key_limited"})
 
 # Engine starts: a tiny model in under a second, a 27B on a GPU in minutes (15 with compilation).
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 900)
@@ -218,6 +221,10 @@ class Metrics:
         self.redis: Callable[[], str] = lambda: "local"  # set by the gateway: the counters' condition
         self.redis_round_trips: Callable[[], int] = lambda: 0  # set by the gateway
         registry.register(_RedisCollector(lambda: self.redis(), lambda: self.redis_round_trips()))
+        # /metrics for a key that is not an admin: everything but the per-key series, which show
+        # what every other key asks for and spends (GET /v1/usage shows a key its own).
+        self.without_keys = CollectorRegistry(auto_describe=False)
+        self.without_keys.register(_WithoutLabel(registry, "key", KEY_FAMILIES))
 
     def record_load(self, replica: str, outcome: str, seconds: float) -> None:
         self._child(self.loads, replica, outcome).inc()
@@ -353,6 +360,22 @@ class _RedisCollector(Collector):
                 "admission and its charge), a usage read one.",
                 value=self.round_trips(),
             )
+
+
+class _WithoutLabel(Collector):
+    """Another registry's families less those labelled by `label` (a family with no series yet
+    is known by its name)."""
+
+    def __init__(self, registry: CollectorRegistry, label: str, names: frozenset[str]) -> None:
+        self.registry, self.label, self.names = registry, label, names
+
+    def describe(self) -> list[Metric]:
+        return []  # names are not reserved twice: these are the other registry's own
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.name not in self.names and not any(self.label in s.labels for s in family.samples):
+                yield family
 
 
 class _FleetCollector(Collector):

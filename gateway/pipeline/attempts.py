@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from gateway.fleet.replicas import Pool, PoolRetired, Replica
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.blobs import Blobs, put_back
 from gateway.pipeline.rewrite import cap_to_context
+from gateway.relay.replica_errors import ERROR_BODY_LIMIT
 from gateway.routing.balancer import retry_order
 from gateway.upstream import (
     ConnectFailed,
@@ -39,7 +40,6 @@ from gateway.upstream import (
 
 RETRYABLE_STATUS = (502, 503, 504)
 MAX_RETRY_AFTER_WAIT = 10.0
-ERROR_BODY_LIMIT = 64 * 1024  # an upstream error body is read this far and no further
 
 
 class RetryableStatus(UpstreamError):
@@ -78,7 +78,8 @@ class Attempt:
     key: str | None = None
     tried: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # replicas that refused the connection
-    encoded: dict[int | None, tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
+    # The serialised body per (context cap, sent as a stream): replicas differ in both.
+    encoded: dict[tuple[int | None, bool], tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
     ticket: int = 0
     blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
     forward: list[tuple[str, str]] = field(default_factory=list)  # client headers the endpoint reads
@@ -91,7 +92,11 @@ class Attempt:
     # The round-robin position, when the team's counters gave one (shared between gateways).
     shared_ticket: int | None = None
     patience: float | None = None  # the client's own limit on a load wait (x-gateway-max-wait)
-    context_fallback: bool = False  # a replica's context-length 400 moves it to a fallback preset
+    prompt_tokens: int | None = None  # counted or estimated: the budget is capped to what it leaves
+    budget_explicit: bool = True  # the client chose its budget (else the preset's default was set)
+    # Engines that get a whole-answer request as a stream (registry.WHOLE_AS_STREAM), the answer
+    # then assembled by the gateway; empty when the client streams or the endpoint cannot.
+    as_stream: frozenset[str] = frozenset()
 
     def release(self, replica: Replica) -> None:
         self.pool.release(replica, self.batch)
@@ -136,6 +141,7 @@ class Dispatcher:
         self.offload_bytes = offload_bytes
         self.sleep = sleep
         self.clock = clock
+        self._background: set[asyncio.Future[None]] = set()  # answers draining for nobody
 
     async def open(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         attempt.ticket = attempt.pool.ticket() if attempt.shared_ticket is None else attempt.shared_ticket
@@ -244,8 +250,13 @@ class Dispatcher:
             ex.queue_wait = (ex.queue_wait or 0.0) + (self.clock() - queued)
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
+        streamed = ex.stream or replica.engine in attempt.as_stream
+        ex.upstream_stream = streamed
         try:
-            data = await self._encode(attempt, replica.context)
+            data = await self._encode(attempt, replica.context, streamed and not ex.stream)
+        except GatewayError:
+            attempt.release(replica)  # the request does not fit this replica (its context)
+            raise
         except Exception as exc:
             # The gateway's own failure, before anything left: the same on every replica, so not
             # retried, and no attempt was made.
@@ -258,7 +269,7 @@ class Dispatcher:
                 replica.url + (attempt.path or attempt.endpoint.upstream[replica.engine]),
                 upstream_headers(ex, replica, attempt.forward, with_body=bool(data)),
                 data,
-                _timeouts(pool, ex.stream),
+                _timeouts(pool, streamed),
                 attempt.method,
             )
         except UpstreamError as error:
@@ -291,6 +302,40 @@ class Dispatcher:
         ex.path.append(f"{replica.name}:{status}")
         return response, replica
 
+    async def open_detachable(
+        self, attempt: Attempt, loop_deadline: float
+    ) -> tuple[UpstreamResponse, Replica]:
+        """For engines that mishandle aborts (`abort_on_disconnect: false`): a client that leaves
+        before the answer starts does not cancel the replica's work; it runs on, unread."""
+
+        async def open_by_deadline() -> tuple[UpstreamResponse, Replica]:
+            async with asyncio.timeout_at(loop_deadline):
+                return await self.open(attempt)
+
+        opening = asyncio.ensure_future(open_by_deadline())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+
+            def finish(done: asyncio.Future[tuple[UpstreamResponse, Replica]]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    response, replica = done.result()
+                    self.drain_later(response, attempt, replica, loop_deadline)
+
+            opening.add_done_callback(finish)
+            raise
+
+    def drain_later(
+        self, response: UpstreamResponse, attempt: Attempt, replica: Replica, loop_deadline: float
+    ) -> None:
+        """Let the replica finish an answer nobody reads (within the deadline), then free its place."""
+        self._detach(_drain(response, attempt.release, replica, loop_deadline))
+
+    def _detach(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _failed(self, ex: Exchange, replica: Replica, kind: str, outcome: Outcome) -> None:
         ex.upstream_errors.append(kind)
         ex.path.append(f"{replica.name}:{kind}")
@@ -299,21 +344,55 @@ class Dispatcher:
             ex.ejected.append(replica.name)
             ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
 
-    async def _encode(self, attempt: Attempt, context: int | None) -> bytes:
-        """Serialise once per distinct context cap; large bodies on a thread."""
+    async def _encode(self, attempt: Attempt, context: int | None, as_stream: bool) -> bytes:
+        """Serialise once per distinct context cap and form; large bodies on a thread."""
         if attempt.method != "POST" or attempt.path is not None:
             return b""
-        if context not in attempt.encoded:
-            capped, note = cap_to_context(attempt.body, context, attempt.endpoint)
+        key = (context, as_stream)
+        if key not in attempt.encoded:
+            capped, note = cap_to_context(
+                attempt.body, context, attempt.endpoint, attempt.prompt_tokens, attempt.budget_explicit
+            )
+            if as_stream:
+                capped = {**capped, **stream_fields(attempt.endpoint)}
             if attempt.size > self.offload_bytes:
                 data = await asyncio.to_thread(_serialise, capped, attempt.blobs)
             else:
                 data = orjson.dumps(capped)
-            attempt.encoded[context] = (data, note)
-        data, note = attempt.encoded[context]
+            attempt.encoded[key] = (data, note)
+        data, note = attempt.encoded[key]
         if note is not None and note not in attempt.ex.rewrites:
             attempt.ex.rewrites.append(note)
         return data
+
+
+async def _drain(
+    response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
+) -> None:
+    try:
+        async with asyncio.timeout_at(loop_deadline):
+            async for _ in response.chunks():
+                pass
+    except (TimeoutError, UpstreamError):
+        pass
+    finally:
+        await finish(response, release, replica)
+
+
+async def finish(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:
+    """Close the replica's answer (aborting it when unread) and give its place back."""
+    try:
+        await response.close()
+    finally:
+        release(replica)
+
+
+def stream_fields(endpoint: Endpoint) -> dict[str, Any]:
+    """What turns a whole-answer request into a streaming one on `endpoint`: chat and completions
+    also ask for the usage chunk, which the whole answer reports."""
+    if endpoint.dialect.done is not None:  # the OpenAI chat and completions streams
+        return {"stream": True, "stream_options": {"include_usage": True}}
+    return {"stream": True}
 
 
 def _serialise(body: dict[str, Any], blobs: Blobs) -> bytes:

@@ -17,7 +17,35 @@ import orjson
 
 from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
 from gateway.pipeline.blobs import Blobs, set_aside
+from gateway.settings import Settings
 from gateway.types import Receive
+
+
+async def read_request(receive: Receive, headers: dict[str, str], settings: Settings) -> bytes | bytearray:
+    """The request's body as the client meant it: read within the size and time limits, then
+    inflated when it came compressed (on a worker thread when large). Raises ClientGone when the
+    client leaves, a GatewayError when the body breaks a limit."""
+    length = headers.get("content-length")
+    raw = await read_body(
+        receive,
+        int(length) if length and length.isdigit() else None,
+        settings.max_body_bytes,
+        settings.body_timeout,
+    )
+    encoding = headers.get("content-encoding", "")
+    if not encoding:
+        return raw
+    # Inflating megabytes holds the loop as parsing them would: same threshold, same thread.
+    if len(raw) * 8 > settings.offload_bytes:
+        return await asyncio.to_thread(decompress, raw, encoding, settings.max_body_bytes)
+    return decompress(raw, encoding, settings.max_body_bytes)
+
+
+async def parse(raw: bytes | bytearray, settings: Settings) -> tuple[dict[str, Any], Blobs]:
+    """The body as a JSON object; large bodies on a worker thread, their long strings set aside."""
+    if len(raw) > settings.offload_bytes:
+        return await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
+    return parse_object(raw, settings.max_json_depth), Blobs()
 
 
 async def read_body(

@@ -7,12 +7,15 @@ as the preset says, reports them (`warn`), moves them to the end of the last use
 (`move`: the model still sees them, the prefix stays stable) or removes them (`strip`).
 
 Pure: functions of the body; the detection result is cached by the text's hash because agents
-resend the same system prompt on every call.
+resend the same system prompt on every call. `PrefixStep`, at the end, is the request path's step:
+it applies the preset's mode, records what it found and logs a volatile system prompt once per
+client and prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from collections import Counter, OrderedDict
@@ -21,6 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from gateway.ops.exchange import Exchange
+from gateway.routing.balancer import POLICIES
+from gateway.routing.table import Preset
+
+log = logging.getLogger("gateway.pipeline.prefix")
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\.?"
@@ -177,7 +186,8 @@ def apply(
                         report.kinds.append(span.kind)
                 new_text, taken = _cut(text, spans)
                 if cut:
-                    messages[index] = message = _replace(message, path, new_text)
+                    message = _replace(message, path, new_text)
+                    messages = view.set(index, message)
                     report.moved.extend(taken)
                 else:
                     masked[index] = shown = _replace(shown, path, new_text)
@@ -186,7 +196,7 @@ def apply(
     if keyed:
         report.affinity_key = session or _conversation_key(messages)
     if mode == "move" and report.moved and last_user is not None:
-        messages[last_user] = _append(messages[last_user], "[" + "; ".join(report.moved) + "]")
+        messages = view.set(last_user, _append(messages[last_user], "[" + "; ".join(report.moved) + "]"))
     if mode != "move":
         report.moved = []
     report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
@@ -211,6 +221,7 @@ class _View:
         self.body = body
         self.lead: str | None = None  # the top-level key held as messages[0]
         self.key = "messages"
+        self.changed = False
         items = body.get("messages")
         if not isinstance(items, list) and isinstance(body.get("input"), list):
             self.key, items = "input", body["input"]
@@ -224,9 +235,23 @@ class _View:
                 return
         self.messages = items
 
+    def set(self, index: int, message: Any) -> list[Any]:
+        """Replace one message. The list is copied on the first change: it belongs to the parsed
+        request, which a fallback to another preset starts again from."""
+        assert self.messages is not None
+        if not self.changed and self.lead is None:
+            self.messages = list(self.messages)
+        self.changed = True
+        self.messages[index] = message
+        return self.messages
+
     def write_back(self) -> None:
-        if self.lead is None or self.messages is None:
-            return  # edited in place
+        """Into the body (the rewrite's copy of the request's top level), only when changed."""
+        if not self.changed or self.messages is None:
+            return
+        if self.lead is None:
+            self.body[self.key] = self.messages
+            return
         self.body[self.lead] = self.messages[0]["content"]
         self.body[self.key] = self.messages[1:]
 
@@ -366,3 +391,65 @@ class ChurnTracker:
         if len(self._reported) > self._size:
             self._reported.popitem(last=False)
         return True
+
+
+# Headers by which agents name their session: the prefix-affinity key where present, so every turn
+# of one agent session reaches the replica that holds its prefix.
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id", "x-session-affinity")
+
+
+def session_name(body: dict[str, Any], headers: dict[str, str]) -> str | None:
+    """The client's own name for its session, where it gives one."""
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    for key in ("prompt_cache_key", "user"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_id if isinstance(user_id, str) and user_id else None
+
+
+def short_digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=6).hexdigest()
+
+
+class PrefixStep:
+    """Volatile content, the prefix fingerprint and churn, for one request after its rewrite."""
+
+    def __init__(self) -> None:
+        self.volatile = VolatileCache()
+        self.churn = ChurnTracker()
+
+    def apply(self, body: dict[str, Any], ex: Exchange, spec: Preset, headers: dict[str, str]) -> str:
+        """Applies the preset's mode to `body` (the rewrite's own copy) and returns the affinity key."""
+        session = session_name(body, headers)
+        preset, mode = spec.name, spec.prefix.volatile
+        report = apply(body, mode, preset, self.volatile, session, keyed=POLICIES[spec.policy].needs_key)
+        ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
+        if report.kinds and mode in ("move", "strip"):
+            action = "moved" if report.moved else "stripped" if mode == "strip" else "found"
+            ex.rewrites.append((f"prefix_{action}", f"prefix={action}:" + "+".join(report.kinds)))
+        # A session name is the client's own text, of any length and content: only a short hash
+        # of it is kept (churn tracking) or logged (no forged lines, no e-mail address in logs).
+        client = ex.client_id + (f"/s:{short_digest(session)}" if session else "")
+        ex.prefix_churn = self.churn.observe(client, preset, report.fingerprint)
+        if report.kinds and self.churn.first_report(client, report.template):
+            effect = (
+                "the gateway keeps it out of the prefix"
+                if mode in ("move", "strip")
+                else "its prefix cache cannot hit"
+            )
+            log.warning(
+                "volatile content (%s) in the system prompt of client %s, preset %s (prefix %s): "
+                "%s; see docs/prefix-cache.md",
+                ",".join(report.kinds),
+                client,
+                preset,
+                report.template,
+                effect,
+            )
+        return report.affinity_key or ""

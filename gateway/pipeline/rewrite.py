@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.answers.changes import Changes
 from gateway.dialects.base import Note
 from gateway.dialects.openai import OPENAI
 from gateway.dialects.registry import BY_NAME, Endpoint
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, ContextExceeded
 from gateway.routing.table import Preset
 
 # Fields some proxies accept to pick an upstream: a body must never choose where it is sent.
@@ -29,12 +30,17 @@ GATEWAY_FIELDS = ("task",)
 
 @dataclass
 class Plan:
-    """What the rewrite decided; the body itself is changed in place."""
+    """What the rewrite decided, and the body to send: a copy of the client's top level with the
+    owned keys changed (nested values are shared until a rule replaces them), so the parsed request
+    stays as sent and a fallback to another preset starts again from it."""
 
     stream: bool
     client_wants_usage: bool
+    body: dict[str, Any] = field(default_factory=dict)
     usage_injected: bool = False
+    budget_explicit: bool = False  # the client set its own token budget
     notes: list[Note] = field(default_factory=list)
+    changes: Changes = field(default_factory=Changes)  # to the answer, by what was changed here
 
 
 def _endpoint(endpoint: Endpoint | str) -> Endpoint:
@@ -62,26 +68,21 @@ def check_request(body: dict[str, Any], endpoint: Endpoint | str) -> None:
                 raise BadRequest(f"'{key}' must be a positive integer", param=key)
 
 
-def requested_task(body: dict[str, Any], header: str | None) -> str | None:
-    task = body.get("task", header)
-    if task is not None and not isinstance(task, str):
-        raise BadRequest("'task' must be a string", param="task")
-    return task
-
-
-def rewrite(body: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *, want_usage: bool) -> Plan:
-    """Apply the preset to a checked body. Idempotent: a second pass changes nothing."""
+def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *, want_usage: bool) -> Plan:
+    """Apply the preset to a checked body; `request` itself is left as it is (copy-on-write).
+    Idempotent: a second pass changes nothing."""
     spec = _endpoint(endpoint)
     dialect = spec.dialect
+    body = dict(request)
     stream = spec.streams and body.get("stream") is True
     options = body.get("stream_options")
     client_wants_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-    plan = Plan(stream=stream, client_wants_usage=client_wants_usage)
+    plan = Plan(stream=stream, client_wants_usage=client_wants_usage, body=body)
     for name in GATEWAY_FIELDS:
         body.pop(name, None)
     # vLLM answers 404 to any name but its --served-model-name; llama-server ignores it.
     body["model"] = preset.served_model
-    plan.notes += dialect.fixes(body, preset.compat)
+    plan.notes += dialect.fixes(body, preset.compat, plan.changes)
     if spec.thinks:
         plan.notes += dialect.thinking(body, preset.thinking, preset.thinking_override)
     if spec.budget:
@@ -104,6 +105,7 @@ def _budget(body: dict[str, Any], preset: Preset, plan: Plan, spec: Endpoint) ->
     # budget, so max_tokens=200 returns HTTP 200 with empty content.
     keys = spec.dialect.token_keys
     key = next((k for k in keys if body.get(k) is not None), None)
+    plan.budget_explicit = key is not None
     if key is None:
         key = spec.dialect.default_budget_key(spec.name)
         body[key] = preset.max_tokens
@@ -130,15 +132,46 @@ def budget_key(body: dict[str, Any], endpoint: Endpoint) -> str | None:
     return next((k for k in endpoint.dialect.token_keys if body.get(k) is not None), None)
 
 
+def least_room(context: int) -> int:
+    """The fewest tokens worth answering in: below this, the prompt has filled the context."""
+    return min(1024, context // 4)
+
+
 def cap_to_context(
-    body: dict[str, Any], context: int | None, endpoint: Endpoint | str = "chat"
+    body: dict[str, Any],
+    context: int | None,
+    endpoint: Endpoint | str = "chat",
+    prompt_tokens: int | None = None,
+    explicit: bool = True,
 ) -> tuple[dict[str, Any], Note | None]:
-    """Per replica: vLLM rejects a token budget above max_model_len with a 400."""
+    """Per replica: the budget lowered to what the context leaves after the prompt, never raised.
+    vLLM refuses a budget above max_model_len (and older builds one past what the prompt leaves);
+    llama-server stops at a full context with a `length` that reads as a spent budget. A prompt
+    that leaves less than `least_room` is refused here in the agents' own terms: past the context,
+    or (for a budget the client chose) the budget that does not fit."""
     spec = _endpoint(endpoint)
     if not context or not spec.budget:
         return body, None
     key = budget_key(body, spec)
-    if key is None or body[key] <= context:
+    if key is None:
         return body, None
-    capped = {**body, key: context}
-    return capped, ("max_tokens_capped", f"{key}={body[key]}->{context}")
+    budget = body[key]
+    room = context if prompt_tokens is None else context - prompt_tokens
+    if prompt_tokens is not None and room < least_room(context):
+        if explicit and prompt_tokens < context:
+            raise ContextExceeded(
+                f"The prompt ({prompt_tokens} tokens) and the budget ({budget}) exceed the context of "
+                f"{context} tokens",
+                prompt_tokens=prompt_tokens,
+                context=context,
+                budget=budget,
+            )
+        raise ContextExceeded(
+            f"The prompt ({prompt_tokens} tokens) leaves less than {least_room(context)} of the context's "
+            f"{context} tokens to answer in",
+            prompt_tokens=prompt_tokens,
+            context=context - least_room(context),
+        )
+    if budget <= room:
+        return body, None
+    return {**body, key: room}, ("max_tokens_capped", f"{key}={budget}->{room}")

@@ -108,6 +108,7 @@ class SseRelay:
 
     def _pass(self, block: bytes) -> bytes:
         answer = self.answer
+        answer.events += block.count(b"data:")
         if not answer.content_seen:
             # Reasoning only matters until an answer appears (the first token; the thinking trap).
             if self.dialect.content.search(block):

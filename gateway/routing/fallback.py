@@ -5,7 +5,8 @@ the preset has no available replica (`down`), its launched replicas failed (`fai
 would outlast the client's patience (`loading`), its queue is full (`full`), or the prompt is
 longer than its context (`context`). A target must be able to serve now: a replica available with
 a free place or room in the queue; for `context`, one that fits the prompt may also load first.
-The proxy reads the pools and the supervisor into `Standing` values; everything here is values.
+The request path (pipeline/fallback.py) reads the pools and the supervisor into `Standing` values;
+everything here is values.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-Reason = Literal["down", "failed", "loading", "full", "context"]
+from gateway.errors import FallbackReason as Reason
+
 REASONS: tuple[Reason, ...] = ("down", "failed", "loading", "full", "context")
 # Where a prompt's text lives in the three dialects' bodies; what is under other keys (sampling
 # settings, image data) does not become prompt tokens in proportion to its length.
@@ -102,6 +104,24 @@ def estimate_tokens(body: dict[str, Any]) -> int:
 def context_error(status: int, body: bytes) -> bool:
     """An engine's refusal of a prompt longer than its context."""
     return status == 400 and _CONTEXT_ERROR.search(body[:65536]) is not None
+
+
+# The engines' numbers in those refusals: vLLM's sentence, llama-server's fields (docs/engines.md).
+_VLLM_NUMBERS = re.compile(rb"maximum context length is (\d+) tokens.{0,200}?(\d+) input tokens", re.S)
+_LLAMA_PROMPT = re.compile(rb'"n_prompt_tokens"\s*:\s*(\d+)')
+_LLAMA_CONTEXT = re.compile(rb'"n_ctx"\s*:\s*(\d+)')
+
+
+def context_numbers(body: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, context) as an engine's context refusal counts them, where it says both."""
+    head = body[:65536]
+    found = _VLLM_NUMBERS.search(head)
+    if found is not None:
+        return int(found.group(2)), int(found.group(1))
+    prompt, context = _LLAMA_PROMPT.search(head), _LLAMA_CONTEXT.search(head)
+    if prompt is not None and context is not None:
+        return int(prompt.group(1)), int(context.group(1))
+    return None
 
 
 def header_value(preset: str, target: str, reason: Reason) -> str:

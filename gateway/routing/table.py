@@ -29,13 +29,21 @@ Volatile = Literal["off", "warn", "move", "strip"]
 RouteReason = Literal["model", "alias", "pattern", "task", "images", "default", "capability"]
 # Named rewrites for what agents send and local engines or chat templates reject (dialects/).
 Fix = Literal[
-    "billing_header", "system_in_turns", "anthropic_only_fields", "codex_lite", "unknown_tool_types"
+    "billing_header",
+    "system_in_turns",
+    "anthropic_only_fields",
+    "codex_lite",
+    "codex_tools",
+    "reasoning_replay",
+    "unknown_tool_types",
 ]
 ALL_FIXES: tuple[Fix, ...] = (
     "billing_header",
     "system_in_turns",
     "anthropic_only_fields",
     "codex_lite",
+    "codex_tools",
+    "reasoning_replay",
     "unknown_tool_types",
 )
 # `openai/coder` names the preset `coder` for clients that prefix a provider (LiteLLM, aider).

@@ -517,6 +517,7 @@ def create_app(config: SimConfig) -> Starlette:
             Route("/models", rep.models),
             Route("/props", rep.props),
             Route("/slots", rep.slots),
+            Route("/apply-template", ans(extras.APPLY_TEMPLATE), methods=post),
             Route("/chat/completions", chat, methods=post),
             Route("/completions", completion, methods=post),
             Route("/responses", answer_responses, methods=post),

@@ -65,6 +65,14 @@ def _tokenize(cfg: SimConfig, raw: bytes, content_type: str | None) -> Json:
     return {"count": len(tokens), "max_model_len": cfg.context, "tokens": tokens, "token_strs": None}
 
 
+def _apply_template(cfg: SimConfig, raw: bytes, content_type: str | None) -> Json:
+    """llama-server's `/apply-template`: the chat messages rendered into the prompt text."""
+    body = engine.parse(cfg, raw, content_type)
+    messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    return {"prompt": engine.render_chat(cfg, messages, tools or [], engine._thinking(cfg, body))}
+
+
 def _detokenize(cfg: SimConfig, raw: bytes, content_type: str | None) -> Json:
     body = engine.parse(cfg, raw, content_type)
     text = detokenize(_ids(cfg, body.get("tokens", []), "tokens"))
@@ -230,6 +238,7 @@ def _infill_stream(cfg: SimConfig, r: Reply) -> Iterator[tuple[int, bytes]]:
 
 TOKENIZE = Answer(_tokenize)
 DETOKENIZE = Answer(_detokenize)
+APPLY_TEMPLATE = Answer(_apply_template)
 EMBEDDINGS = Answer(_embeddings)
 LLAMA_EMBEDDINGS = Answer(_llama_embeddings)
 RERANK = Answer(_rerank)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from gateway.errors import GatewayTimeout, QueueFull
+from gateway.errors import QueueFull, QueueTimeout
 
 
 class Gate:
@@ -38,7 +38,7 @@ class Gate:
             async with asyncio.timeout(max(0.0, timeout)):
                 await waiter
         except TimeoutError:
-            raise GatewayTimeout(
+            raise QueueTimeout(
                 f"Key '{name}' had {limit} requests running (concurrent={limit}) for the whole queue "
                 f"timeout of {timeout:g} s",
                 code="key_concurrency_timeout",

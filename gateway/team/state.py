@@ -1,19 +1,34 @@
 """The team's counters: in this process, or shared by several gateways through Redis.
 
 With Redis, one request costs two round trips: one script at admission (checks the rate and token
-windows, logs the request, hands out the preset's round-robin position) and one when the answer
-ended (its tokens into the windows and the day's usage). The time is Redis's own, so gateways on
-hosts whose clocks differ still share one window. Every key has a TTL a little past its window.
+windows, logs the request, reserves the tokens the request is expected to cost in the token
+windows and says in which buckets, hands out the preset's round-robin position) and one when the
+answer ended (the real tokens in place of the reservation, and the day's usage). The time is
+Redis's own, so gateways on hosts whose clocks differ still share one window. Every key has a TTL a
+little past its window.
+
+What the owner calls (`team.py`; both counters answer the same `Counters` calls):
+- once at start-up, `start()`: the shared counters probe Redis, so that the condition /ready
+  reports is the truth from the start ("unreachable" when it does not answer);
+- at admission, `admit(key, limits, preset, reserve=tokens)`: the `Admission`'s denial, or its
+  ticket and `reservation`;
+- when the request ended, `charge(key, preset, usage, reservation)`: `usage` is what the engine
+  reported, what was counted of a stream cut early, or `Usage()` for a request that never reached
+  a replica (its reservation is then released). Without a reservation, `charge` counts the tokens
+  in the current buckets (how a request admitted with `reserve=0` is charged).
 
 If Redis fails, `SharedCounters` goes on with this process's windows (the condition turns
-"unreachable"), keeps the usage counted meanwhile, and adds it to Redis when a later try (at most
-one a second) succeeds.
+"unreachable"), which also hold every reservation Redis made for this process, so limits keep
+holding for requests in flight. It keeps the usage counted meanwhile and the settlements of
+reservations Redis holds (both bounded), and adds them to Redis when a later try (at most one a
+second) succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -26,6 +41,7 @@ from gateway.team.windows import (
     KEEP_DAYS,
     Admission,
     LocalCounters,
+    Reservation,
     UsageTable,
     add_counts,
     day_of,
@@ -36,9 +52,14 @@ log = logging.getLogger("gateway.team")
 
 SOCKET_TIMEOUT = 0.5  # s: a Redis slower than this is treated as unreachable, the request goes on
 RETRY_INTERVAL = 1.0  # s between tries while unreachable
-MAX_PENDING = 4096  # (day, key, preset) rows of usage kept for replay; more is dropped and logged
+MAX_PENDING = 4096  # rows kept for replay, of usage and of settlements each; more is dropped and logged
 FIELD_SEP = "\x1f"
+# Redis counts in 64-bit integers and Lua in doubles: a count past this (a replica's absurd usage
+# report) is clamped, so that it cannot make a script fail and pass for Redis being away.
+MAX_COUNT = 10**12
 DENIALS: tuple[RateLimit, ...] = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+# A settlement's bucket argument: the current bucket with nothing reserved in it, or not this window.
+CURRENT, SKIP = "", "-"
 
 
 class Counters(Protocol):
@@ -47,9 +68,13 @@ class Counters(Protocol):
 
     def condition(self) -> str: ...
 
-    async def admit(self, key: str, limits: KeyLimits, preset: str) -> Admission: ...
+    async def start(self) -> None: ...
 
-    async def charge(self, key: str, preset: str, usage: Usage) -> None: ...
+    async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission: ...
+
+    async def charge(
+        self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
+    ) -> None: ...
 
     async def usage(self, days: int = 1) -> UsageTable: ...
 
@@ -69,8 +94,8 @@ end
 """
 
 # KEYS: request log (zset), minute tokens (hash), day tokens (hash), the preset's ticket.
-# ARGV: now ("" = Redis TIME), rpm, tpm, tpd (0 = none), a unique member for the log.
-# Returns {0, ticket} or {1|2|3, allowed, used, retry_after_ms}.
+# ARGV: now ("" = Redis TIME), rpm, tpm, tpd (0 = none), a unique member for the log, the tokens
+# to reserve. Returns {0, ticket, minute bucket, day bucket} or {1|2|3, allowed, used, retry_ms}.
 _ADMIT = (
     _NOW
     + """
@@ -111,27 +136,43 @@ if rpm > 0 then
   redis.call('ZADD', KEYS[1], now, ARGV[5])
   redis.call('PEXPIRE', KEYS[1], 61000)
 end
+local minute, day, reserve = math.floor(now), math.floor(now / 60), tonumber(ARGV[6])
+if reserve > 0 then
+  redis.call('HINCRBY', KEYS[2], minute, reserve)
+  redis.call('EXPIRE', KEYS[2], 61)
+  redis.call('HINCRBY', KEYS[3], day, reserve)
+  redis.call('EXPIRE', KEYS[3], 86460)
+end
 local ticket = redis.call('INCR', KEYS[4])
 redis.call('EXPIRE', KEYS[4], 86400)
-return {0, ticket - 1}
+return {0, ticket - 1, minute, day}
 """
 )
 
-# KEYS: minute tokens, day tokens, the day's usage (hash). ARGV: now ("" = TIME), tokens,
-# whether to count the minute (a replay after an outage does not), then field, value pairs.
+# KEYS: minute tokens, day tokens, the day's usage (hash). ARGV: now ("" = TIME), the tokens
+# charged, the tokens reserved, the reservation's minute bucket and day bucket ("" = the current
+# one, where nothing was reserved; "-" = leave this window alone: a replay after an outage leaves
+# the minute that slid past), then field, value pairs of usage.
 _CHARGE = (
     _NOW
     + """
-local tokens = tonumber(ARGV[2])
-if tokens > 0 then
-  if ARGV[3] == '1' then
-    redis.call('HINCRBY', KEYS[1], math.floor(now), tokens)
-    redis.call('EXPIRE', KEYS[1], 61)
-  end
-  redis.call('HINCRBY', KEYS[2], math.floor(now / 60), tokens)
-  redis.call('EXPIRE', KEYS[2], 86460)
+local charged, reserved = tonumber(ARGV[2]), tonumber(ARGV[3])
+local function settle(key, width, span, ttl, bucket)
+  if bucket == '-' then return end
+  local current = math.floor(now / width)
+  local b, held = current, 0
+  if bucket ~= '' then b, held = tonumber(bucket), reserved end
+  if b <= current - span then return end
+  local delta = charged - held
+  -- A reservation Redis no longer holds (it restarted empty): the charge alone is the truth.
+  if held > 0 and redis.call('HEXISTS', key, b) == 0 then delta = charged end
+  if delta == 0 then return end
+  if redis.call('HINCRBY', key, b, delta) <= 0 then redis.call('HDEL', key, b) end
+  redis.call('EXPIRE', key, ttl)
 end
-for i = 4, #ARGV, 2 do
+settle(KEYS[1], 1, 60, 61, ARGV[4])
+settle(KEYS[2], 60, 1440, 86460, ARGV[5])
+for i = 6, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[3], ARGV[i], tonumber(ARGV[i + 1]))
 end
 redis.call('EXPIRE', KEYS[3], USAGE_TTL)
@@ -170,42 +211,80 @@ class RedisCounters:
     def condition(self) -> str:
         return "ok"
 
+    async def start(self) -> None:
+        await self.ping()
+
     def _now(self) -> str:
         return "" if self._clock is None else repr(self._clock())
 
     def _day(self) -> dt.date:
         return day_of(self._clock() if self._clock is not None else time.time())
 
-    async def admit(self, key: str, limits: KeyLimits, preset: str) -> Admission:
+    async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
         self._member += 1
         p = self.prefix
         keys = [f"{p}rpm:{key}", f"{p}tpm:{key}", f"{p}tpd:{key}", f"{p}ticket:{preset}"]
+        reserve = _bounded(reserve)
         args: list[str | int] = [
             self._now(),
             limits.requests_per_minute or 0,
             limits.tokens_per_minute or 0,
             limits.tokens_per_day or 0,
             f"{self._origin}-{self._member}",
+            reserve,
         ]
         self.round_trips += 1
         reply: list[Any] = await self._admit(keys=keys, args=args)
         if int(reply[0]) == 0:
-            return Admission(None, int(reply[1]))
+            return Admission(None, int(reply[1]), Reservation(reserve, redis=(int(reply[2]), int(reply[3]))))
         limit = DENIALS[int(reply[0]) - 1]
         return Admission(Denial(limit, int(reply[1]), int(reply[2]), max(int(reply[3]), 1) / 1000), 0)
 
-    async def charge(self, key: str, preset: str, usage: Usage) -> None:
-        await self.add(self._day(), key, preset, usage_counts(usage), usage.charged, minute=True)
+    async def charge(
+        self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
+    ) -> None:
+        counts = usage_counts(usage)
+        if reservation is None or reservation.redis is None:
+            await self.add(self._day(), key, preset, counts, usage.charged, minute=True)
+        else:
+            await self.settle(
+                self._day(), key, preset, counts, reservation.redis, reservation.tokens, usage.charged
+            )
 
     async def add(
         self, day: dt.date, key: str, preset: str, counts: dict[str, int], tokens: int, minute: bool
     ) -> None:
+        """Usage, and tokens in the current buckets (the minute's only when `minute`)."""
+        buckets = (CURRENT if minute else SKIP, CURRENT)
+        await self._run_charge(day, key, _fields(key, preset, counts), buckets, 0, tokens)
+
+    async def settle(
+        self,
+        day: dt.date,
+        key: str,
+        preset: str,
+        counts: dict[str, int],
+        buckets: tuple[int, int],
+        reserved: int,
+        charged: int,
+    ) -> None:
+        """Usage, and `charged` tokens in place of the `reserved` ones in the reservation's
+        (minute, day) buckets."""
+        held = (str(buckets[0]), str(buckets[1]))
+        await self._run_charge(day, key, _fields(key, preset, counts), held, reserved, charged)
+
+    async def _run_charge(
+        self,
+        day: dt.date,
+        key: str,
+        fields: list[str | int],
+        buckets: tuple[str, str],
+        reserved: int,
+        charged: int,
+    ) -> None:
         p = self.prefix
         keys = [f"{p}tpm:{key}", f"{p}tpd:{key}", f"{p}usage:{day.isoformat()}"]
-        args: list[str | int] = [self._now(), tokens, "1" if minute else "0"]
-        for field, value in counts.items():
-            if value:
-                args += [FIELD_SEP.join((key, preset, field)), value]
+        args: list[str | int] = [self._now(), _bounded(charged), _bounded(reserved), *buckets, *fields]
         self.round_trips += 1
         await self._charge(keys=keys, args=args)
 
@@ -231,9 +310,21 @@ class RedisCounters:
         await self._redis.aclose()
 
 
+def _fields(key: str, preset: str, counts: dict[str, int]) -> list[str | int]:
+    args: list[str | int] = []
+    for field, value in counts.items():
+        if value:
+            args += [FIELD_SEP.join((key, preset, field)), _bounded(value)]
+    return args
+
+
+def _bounded(count: int) -> int:
+    return max(0, min(count, MAX_COUNT))
+
+
 class SharedCounters:
     """Redis while it answers, this process's windows while it does not; usage counted during an
-    outage is added to Redis when it returns."""
+    outage, and the settlements of reservations Redis holds, are added to Redis when it returns."""
 
     def __init__(
         self,
@@ -250,6 +341,8 @@ class SharedCounters:
         self._next_try = 0.0
         self._pending: dict[tuple[dt.date, str, str], dict[str, int]] = {}
         self._pending_tokens: dict[tuple[dt.date, str, str], int] = {}
+        # (key, minute bucket, day bucket) in Redis's clock -> (tokens reserved, tokens charged)
+        self._settlements: dict[tuple[str, int, int], tuple[int, int]] = {}
         self.dropped = 0
         self._watch: asyncio.Task[None] | None = None
 
@@ -260,24 +353,50 @@ class SharedCounters:
     def condition(self) -> str:
         return self._condition
 
-    async def admit(self, key: str, limits: KeyLimits, preset: str) -> Admission:
+    async def start(self) -> None:
+        """One probe at start-up: a gateway started while Redis is down says "unreachable" (and
+        counts locally) from the start, and the once-a-second recovery turns it "ok"."""
+        if self._condition != "ok":
+            return
+        try:
+            await self.remote.ping()
+        except self.remote.errors as exc:
+            self._lost(exc)
+
+    async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
         if await self._reachable():
             try:
-                return await self.remote.admit(key, limits, preset)
+                admission = await self.remote.admit(key, limits, preset, reserve)
             except self.remote.errors as exc:
                 self._lost(exc)
-        return await self.local.admit(key, limits, preset)
+            else:
+                if admission.reservation is None:
+                    return admission
+                # This process's windows hold the reservation too: if Redis goes away before the
+                # request ends, the limits go on seeing the requests in flight.
+                mirror = self.local.reserve(key, admission.reservation.tokens)
+                return dataclasses.replace(
+                    admission, reservation=dataclasses.replace(admission.reservation, local=mirror.local)
+                )
+        return await self.local.admit(key, limits, preset, reserve)
 
-    async def charge(self, key: str, preset: str, usage: Usage) -> None:
+    async def charge(
+        self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
+    ) -> None:
         # The local windows always see the tokens: they are what limits rest on during an outage.
-        self.local.count_tokens(key, usage.charged)
+        self.local.settle_tokens(key, usage.charged, reservation)
         if await self._reachable():
             try:
-                await self.remote.charge(key, preset, usage)
+                await self.remote.charge(key, preset, usage, reservation)
                 return
             except self.remote.errors as exc:
                 self._lost(exc)
-        self._keep(day_of(time.time()), key, preset, usage_counts(usage), usage.charged)
+        held = reservation.redis if reservation is not None else None
+        if reservation is not None and held is not None:
+            # Redis holds the reservation: it is settled there when it returns, in its buckets.
+            self._keep_settlement(key, held, reservation.tokens, usage.charged)
+        tokens = 0 if held is not None else usage.charged
+        self._keep(day_of(time.time()), key, preset, usage_counts(usage), tokens)
 
     async def usage(self, days: int = 1) -> UsageTable:
         if await self._reachable():
@@ -299,23 +418,35 @@ class SharedCounters:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
-        if self._pending and await self._reachable():
+        if (self._pending or self._settlements) and await self._reachable():
             await self._replay()
         await self.remote.close()
 
     def _keep(self, day: dt.date, key: str, preset: str, counts: dict[str, int], tokens: int) -> None:
         row = (day, key, preset)
         if row not in self._pending and len(self._pending) >= MAX_PENDING:
-            self.dropped += 1
-            if self.dropped == 1:
-                log.error(
-                    "usage kept for Redis is at its bound (%d rows); newer rows are dropped", MAX_PENDING
-                )
+            self._drop("usage")
             return
         kept = self._pending.setdefault(row, {})
         for field, value in counts.items():
             kept[field] = kept.get(field, 0) + value
         self._pending_tokens[row] = self._pending_tokens.get(row, 0) + tokens
+
+    def _keep_settlement(self, key: str, buckets: tuple[int, int], reserved: int, charged: int) -> None:
+        row = (key, *buckets)
+        if row not in self._settlements and len(self._settlements) >= MAX_PENDING:
+            # Redis keeps that reservation until its windows slide past it.
+            self._drop("settlements")
+            return
+        before = self._settlements.get(row, (0, 0))
+        self._settlements[row] = (before[0] + reserved, before[1] + charged)
+
+    def _drop(self, what: str) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            log.error(
+                "%s kept for Redis are at their bound (%d rows); newer rows are dropped", what, MAX_PENDING
+            )
 
     async def _reachable(self) -> bool:
         """True while Redis answers; while not, one try a second (the first of them replays the
@@ -335,6 +466,16 @@ class SharedCounters:
     async def _replay(self) -> None:
         await self.remote.ping()
         # Row by row, taken out before the await: charges that arrive meanwhile start a new row.
+        while self._settlements:
+            (key, minute, day_bucket), (reserved, charged) = next(iter(self._settlements.items()))
+            del self._settlements[(key, minute, day_bucket)]
+            try:
+                # In the reservation's own buckets: the script leaves one that slid out alone.
+                today = day_of(time.time())
+                await self.remote.settle(today, key, "", {}, (minute, day_bucket), reserved, charged)
+            except BaseException:
+                self._keep_settlement(key, (minute, day_bucket), reserved, charged)
+                raise
         while self._pending:
             row = next(iter(self._pending))
             counts, tokens = self._pending.pop(row), self._pending_tokens.pop(row, 0)

@@ -1,9 +1,21 @@
 """The team at run time: who a key is, whether it may use a preset, its limits, and its usage.
 
 Holds the keyring (swapped whole on SIGHUP), the counters (local or shared, state.py) and the
-concurrency gates. The request path calls `admit` before a preset's queue and `charge` once the
-answer ended; a key's own tokens are charged when its answer ends, so a stream that crosses a
-limit is never cut, and the next request is refused until the window slides.
+concurrency gates. What the gateway calls:
+- at start-up, `await start()` (before serving): the shared counters probe Redis once, so that
+  /ready's `redis` condition is the truth from the start;
+- at admission, `await reserve(identity, preset, tokens)` with the tokens the request is expected
+  to cost: 429 when the key's rate or token window is already at or over its limit; otherwise the
+  request is counted, its tokens are reserved in the key's token windows at once (so concurrent
+  requests see each other: one may overshoot an empty window, the next is refused), and the
+  `Admission` holds the preset's round-robin `ticket` and the `reservation`;
+- once the request ended, whatever the outcome, `charge(name, preset, usage, reservation)`: the
+  real tokens (as the engine reported them, or what was counted of a stream cut early) replace
+  the reservation, and the usage is counted; a request refused or failed before it reached a
+  replica is charged `Usage()`, which releases its reservation.
+A stream that crosses a limit is never cut; the next request is refused until the window slides.
+`ticket(identity, preset)` is `reserve` with nothing reserved, and `charge` without a reservation
+counts the tokens when the answer ends (the calls from before reservations).
 """
 
 from __future__ import annotations
@@ -21,11 +33,14 @@ from gateway.team.gates import Gate
 from gateway.team.keys import ANONYMOUS, Identity, Keyring
 from gateway.team.limits import USAGE_FIELDS, Usage
 from gateway.team.state import Counters, create_counters
+from gateway.team.windows import Admission, Reservation
 
 log = logging.getLogger("gateway.team")
 
 
 class Team:
+    """The keyring, the counters and the concurrency gates of one gateway process."""
+
     def __init__(self, keyring: Keyring, counters: Counters) -> None:
         self.keyring = keyring
         self.counters = counters
@@ -48,17 +63,27 @@ class Team:
                 code="preset_not_allowed",
             )
 
-    async def ticket(self, identity: Identity, preset: str) -> int:
-        """Checks the key's rate limits (429 with Retry-After when over one) and counts the
-        request; returns the preset's round-robin position, shared between gateways."""
-        admission = await self.counters.admit(identity.name, identity.limits, preset)
+    async def start(self) -> None:
+        """Once, before serving: the counters' condition is known from the first /ready on."""
+        await self.counters.start()
+
+    async def reserve(self, identity: Identity, preset: str, tokens: int) -> Admission:
+        """Checks the key's rate and token limits (429 with Retry-After when over one), counts the
+        request and reserves `tokens` in its token windows; returns the admission: the preset's
+        round-robin position (`ticket`, shared between gateways) and the `reservation` to hand to
+        `charge` when the request ends."""
+        admission = await self.counters.admit(identity.name, identity.limits, preset, tokens)
         denial = admission.denial
         if denial is not None:
             retry = max(1, math.ceil(denial.retry_after))
             raise RateLimited(
                 denial.message(identity.name), code=denial.limit, headers={"retry-after": str(retry)}
             )
-        return admission.ticket
+        return admission
+
+    async def ticket(self, identity: Identity, preset: str) -> int:
+        """`reserve` with nothing reserved: the tokens count when `charge` is called."""
+        return (await self.reserve(identity, preset, 0)).ticket
 
     @contextlib.asynccontextmanager
     async def running(self, identity: Identity, timeout: float, queue: int) -> AsyncIterator[None]:
@@ -81,15 +106,16 @@ class Team:
         """Requests waiting for one of their key's `concurrent` places, by key."""
         return {name: gate.waiting for name, gate in self._gates.items() if gate.waiting}
 
-    def charge(self, name: str, preset: str, usage: Usage) -> None:
-        """Counted in the background: the answer has ended, nothing waits for this."""
-        task = asyncio.ensure_future(self._charge(name, preset, usage))
+    def charge(self, name: str, preset: str, usage: Usage, reservation: Reservation | None = None) -> None:
+        """The request's real tokens in place of its reservation, and its usage; counted in the
+        background: the answer has ended, nothing waits for this."""
+        task = asyncio.ensure_future(self._charge(name, preset, usage, reservation))
         self._charging.add(task)
         task.add_done_callback(self._charging.discard)
 
-    async def _charge(self, name: str, preset: str, usage: Usage) -> None:
+    async def _charge(self, name: str, preset: str, usage: Usage, reservation: Reservation | None) -> None:
         try:
-            await self.counters.charge(name, preset, usage)
+            await self.counters.charge(name, preset, usage, reservation)
         except Exception:  # the counters keep their own failover; this is a last line
             log.exception("usage of key %s on preset %s could not be counted", name, preset)
 

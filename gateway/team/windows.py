@@ -5,6 +5,17 @@ Requests per minute keep an exact log of admission times (at most `limit` entrie
 nothing is logged past the limit). Token windows are buckets: 1 s wide over the minute, 60 s wide
 over the day, so a key costs at most 60 + 1440 small integers whatever its traffic. Usage is kept
 per UTC day for the last 35 days. Pure bookkeeping over a clock; the owners do the I/O.
+
+A request's tokens are counted in two steps, so that concurrent requests see each other:
+- at admission, `admit(key, limits, preset, reserve=N)` refuses when a window is already at or over
+  its limit (one request may still overshoot an empty window), and otherwise counts the N tokens
+  the request is expected to cost in the current bucket of each token window at once; the
+  `Admission` it returns carries a `Reservation` saying which buckets;
+- at the end, `charge(key, preset, usage, reservation)` replaces the reservation by the real
+  charge (`usage.charged`: prompt + completion as reported, or what was counted of a cut stream)
+  in those same buckets (one that left its window is not touched) and counts the usage. A request
+  that never reached a replica is charged `Usage()`: its reservation is released.
+`charge` without a reservation counts the tokens in the current buckets, as before reservations.
 """
 
 from __future__ import annotations
@@ -29,12 +40,24 @@ UsageTable = dict[str, dict[str, dict[str, int]]]  # key -> preset -> field -> c
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """The tokens an admitted request was expected to cost and the buckets they were counted in:
+    (minute bucket, day bucket) of this process's windows and, when Redis admitted it, of Redis's
+    (whose clock may differ). Handed back unchanged to `charge` when the request ends."""
+
+    tokens: int
+    local: tuple[int, int] | None = None
+    redis: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
 class Admission:
     """The counters' answer to one request: refused (and why), or admitted with a round-robin
-    position for the preset."""
+    position for the preset and the reservation its `charge` settles."""
 
     denial: Denial | None
     ticket: int
+    reservation: Reservation | None = None
 
 
 def day_of(now: float) -> dt.date:
@@ -79,15 +102,33 @@ class TokenWindow:
         self.span = round(window / width)
         self._buckets: dict[int, int] = {}
 
+    def bucket(self, now: float) -> int:
+        return int(now // self.width)
+
     def _prune(self, now: float) -> None:
-        oldest = int(now // self.width) - self.span + 1
+        oldest = self.bucket(now) - self.span + 1
         for index in [i for i in self._buckets if i < oldest]:
             del self._buckets[index]
 
-    def add(self, tokens: int, now: float) -> None:
+    def add(self, tokens: int, now: float) -> int:
+        """Counts `tokens` in the current bucket; returns that bucket."""
         self._prune(now)
-        index = int(now // self.width)
-        self._buckets[index] = self._buckets.get(index, 0) + tokens
+        index = self.bucket(now)
+        if tokens:
+            self._buckets[index] = self._buckets.get(index, 0) + tokens
+        return index
+
+    def settle(self, index: int, reserved: int, charged: int, now: float) -> None:
+        """Replaces `reserved` tokens counted in bucket `index` by `charged`. A bucket that left
+        the window is not touched: what it held no longer limits anyone."""
+        self._prune(now)
+        if index <= self.bucket(now) - self.span:
+            return
+        value = self._buckets.get(index, 0) + charged - reserved
+        if value > 0:
+            self._buckets[index] = value
+        else:
+            self._buckets.pop(index, None)
 
     def used(self, now: float) -> int:
         self._prune(now)
@@ -112,6 +153,9 @@ class LocalCounters:
     def condition(self) -> str:
         return "local"
 
+    async def start(self) -> None:
+        return None
+
     def check(self, key: str, limits: KeyLimits) -> Denial | None:
         now = self._clock()
         # The longest window first, as the Redis script checks them: the refusal that lasts.
@@ -127,13 +171,37 @@ class LocalCounters:
                     return Denial(limit, allowed, used, window.retry_after(allowed, now))
         return None
 
-    async def admit(self, key: str, limits: KeyLimits, preset: str) -> Admission:
+    async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
+        """Checks the key's limits; if none is reached, logs the request and reserves `reserve`
+        tokens in its token windows (no await in between: concurrent admissions see each other)."""
         denial = self.check(key, limits)
         if denial is not None:
             return Admission(denial, 0)
         if limits.requests_per_minute is not None:
             self._requests.setdefault(key, collections.deque()).append(self._clock())
-        return Admission(None, self.next_ticket(preset))
+        return Admission(None, self.next_ticket(preset), self.reserve(key, reserve))
+
+    def reserve(self, key: str, tokens: int) -> Reservation:
+        """Counts `tokens` in the key's token windows now, unchecked (`admit` checks first; the
+        shared counters mirror here what Redis admitted)."""
+        now = self._clock()
+        windows = self._windows(key)
+        tokens = max(0, tokens)
+        minute = windows["tokens_per_minute"].add(tokens, now)
+        day = windows["tokens_per_day"].add(tokens, now)
+        return Reservation(tokens, local=(minute, day))
+
+    def settle_tokens(self, key: str, charged: int, reservation: Reservation | None) -> None:
+        """The request's real tokens in place of its reservation (or, without one, in the current
+        buckets)."""
+        if reservation is None or reservation.local is None:
+            self.count_tokens(key, charged)
+            return
+        now = self._clock()
+        windows = self._windows(key)
+        minute, day = reservation.local
+        windows["tokens_per_minute"].settle(minute, reservation.tokens, charged, now)
+        windows["tokens_per_day"].settle(day, reservation.tokens, charged, now)
 
     def next_ticket(self, preset: str) -> int:
         return next(self._tickets.setdefault(preset, itertools.count()))
@@ -144,8 +212,10 @@ class LocalCounters:
         for limit in limits:
             windows[limit].add(tokens, now)
 
-    async def charge(self, key: str, preset: str, usage: Usage) -> None:
-        self.count_tokens(key, usage.charged)
+    async def charge(
+        self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
+    ) -> None:
+        self.settle_tokens(key, usage.charged, reservation)
         self.add_usage(day_of(self._clock()), key, preset, usage_counts(usage))
 
     def add_usage(self, day: dt.date, key: str, preset: str, counts: dict[str, int]) -> None:

@@ -1,0 +1,44 @@
+"""Requests about one stored Responses answer: `GET`/`DELETE /v1/responses/{id}` and
+`POST /v1/responses/{id}/cancel`. No routing and no rewriting: the replica that produced the answer
+is asked (fleet/stored.py remembers which), or the gateway says it knows no such id."""
+
+from __future__ import annotations
+
+from gateway.dialects.registry import STORED
+from gateway.errors import NotFound
+from gateway.pipeline.attempts import Attempt
+from gateway.pipeline.proxy import Proxy
+from gateway.pipeline.rewrite import Plan
+from gateway.relay.respond import Responder
+from gateway.types import Receive, Scope, Send
+
+
+class StoredAnswers:
+    """The handler the edge calls for a stored answer's path, on the proxy's record and relay."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def handle(self, response_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        proxy = self.proxy
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        ex = proxy.exchange(STORED, scope, headers)
+        responder = Responder(send, ex, STORED.dialect, proxy.ctx.clock)
+        with proxy.recorded(ex):
+            where = proxy.stored.find(response_id)
+            pool = proxy.ctx.fleet().pools.get(where[0]) if where is not None else None
+            if where is None or pool is None or pool.get(where[1]) is None:
+                ex.outcome = "rejected"
+                error = NotFound(
+                    "No stored response with this id is known to the gateway", code="response_not_found"
+                )
+                await responder.fail(error)
+                return
+            ex.preset, ex.route = pool.preset.name, "stored"
+            deadline = proxy.ctx.clock() + pool.preset.timeouts.read
+            attempt = Attempt(
+                ex, pool, STORED, {}, 0, deadline, pinned=where[1], method=scope["method"], path=scope["path"]
+            )
+            await proxy.serve(responder, proxy.send_and_relay(attempt, Plan(False, False), responder))
+            if scope["method"] == "DELETE" and ex.status == 200:
+                proxy.stored.forget(response_id)

@@ -1,0 +1,54 @@
+"""A streaming client kept connected while its request waits: in the preset's queue, for a launched
+replica to load, or for a long prefill before the first token.
+
+Agents built for hosted models give up on silence (Claude Code after about 300 s without a byte,
+Codex after its stream idle timeout) and then send the same request again, so the fleet does the
+work twice. After `after` seconds without an answer the gateway opens the stream itself in the
+dialect's terms (`message_start`, `response.created`; for chat the status line) and writes the
+dialect's keep-alive every `every` seconds until the replica's first event arrives; the replica's
+own opening events are then dropped (answers/splice.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from gateway.relay.respond import Responder
+
+KEEPALIVE_AFTER = 1.5  # seconds of waiting before the stream is opened
+KEEPALIVE_EVERY = 10.0  # Anthropic pings every 10-15 s; agents' idle limits are minutes
+
+
+class KeepAlive:
+    """Runs beside a waiting streaming request; `stop()` before the replica's stream is written."""
+
+    def __init__(
+        self, responder: Responder, after: float = KEEPALIVE_AFTER, every: float = KEEPALIVE_EVERY
+    ) -> None:
+        self.responder, self.after, self.every = responder, after, every
+        self.beats = 0
+        self._task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        responder = self.responder
+        await asyncio.sleep(self.after)
+        async with responder.writing:
+            await responder.open_stream()
+        while True:
+            await asyncio.sleep(self.every)
+            async with responder.writing:
+                if not responder.opened:
+                    return
+                await responder.body(responder.dialect.keepalive())
+                self.beats += 1
+
+    async def stop(self) -> None:
+        """Ends the keep-alive; a write in progress finishes first, so no event is cut in half."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        async with self.responder.writing:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

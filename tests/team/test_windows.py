@@ -1,0 +1,195 @@
+"""The in-process windows with reservations, over a fake clock: admission counts the tokens a
+request is expected to cost at once, the end of the request replaces them by the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+from gateway.team.limits import KeyLimits, Usage
+from gateway.team.windows import LocalCounters, TokenWindow
+
+PROMPT = 7500  # a coding agent's first turn, roughly
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    async def main() -> Any:
+        return await coro
+
+    return asyncio.run(main())
+
+
+def test_a_reservation_counts_at_admission_and_refuses_the_next_request() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limits = KeyLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        first = await counters.admit("k", limits, "m", reserve=PROMPT)
+        assert first.denial is None and first.reservation is not None
+        assert first.reservation.tokens == PROMPT
+        clock.now += 5
+        refused = (await counters.admit("k", limits, "m", reserve=10)).denial
+        assert refused is not None
+        assert (refused.limit, refused.allowed, refused.used) == ("tokens_per_minute", 1000, PROMPT)
+        # The reservation's bucket leaves the sliding window 60 s after it was made.
+        assert refused.retry_after == pytest.approx(55)
+        assert "tokens_per_minute=1000: 7500 tokens in the last 60 s" in refused.message("k")
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("limit", ["tokens_per_minute", "tokens_per_day"])
+def test_twenty_concurrent_admissions_over_a_token_limit_admit_exactly_one(limit: str) -> None:
+    counters = LocalCounters(Clock())
+    limits = KeyLimits(**{limit: 1000})
+
+    async def scenario() -> list[bool]:
+        answers = await asyncio.gather(*(counters.admit("k", limits, "m", reserve=PROMPT) for _ in range(20)))
+        return [a.denial is None for a in answers]
+
+    admitted = run(scenario())
+    assert admitted.count(True) == 1
+
+
+def test_settlement_down_leaves_only_the_real_charge_in_the_window() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limits = KeyLimits(tokens_per_minute=400)
+
+    async def scenario() -> Any:
+        admission = await counters.admit("k", limits, "m", reserve=PROMPT)
+        clock.now += 3
+        await counters.charge(
+            "k", "m", Usage(prompt_tokens=300, completion_tokens=100), admission.reservation
+        )
+        return (await counters.admit("k", limits, "m")).denial
+
+    refused = run(scenario())
+    assert refused is not None and refused.used == 400
+
+
+def test_settlement_up_counts_the_real_charge_over_the_reservation() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limits = KeyLimits(tokens_per_minute=1000)
+
+    async def scenario() -> Any:
+        admission = await counters.admit("k", limits, "m", reserve=500)
+        assert (await counters.admit("k", limits, "m")).denial is None  # 500 of 1000 while it runs
+        await counters.charge(
+            "k", "m", Usage(prompt_tokens=500, completion_tokens=1000), admission.reservation
+        )
+        return (await counters.admit("k", limits, "m")).denial
+
+    refused = run(scenario())
+    assert refused is not None and refused.used == 1500
+
+
+def test_charging_nothing_releases_the_reservation() -> None:
+    counters = LocalCounters(Clock())
+    limits = KeyLimits(tokens_per_minute=1, tokens_per_day=1)
+
+    async def scenario() -> list[Any]:
+        admission = await counters.admit("k", limits, "m", reserve=PROMPT)
+        await counters.charge("k", "m", Usage(), admission.reservation)  # failed before a replica
+        return [counters.check("k", limits), await counters.usage(1)]
+
+    denial, usage = run(scenario())
+    assert denial is None
+    assert usage["k"]["m"]["requests"] == 1 and usage["k"]["m"]["prompt_tokens"] == 0
+
+
+def test_settlement_after_the_minute_left_the_window_touches_only_the_day() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+
+    async def scenario() -> list[Any]:
+        admission = await counters.admit("k", KeyLimits(), "m", reserve=PROMPT)
+        clock.now += 61  # a long answer: its reservation left the minute's window
+        await counters.charge(
+            "k", "m", Usage(prompt_tokens=300, completion_tokens=100), admission.reservation
+        )
+        minute = counters.check("k", KeyLimits(tokens_per_minute=1))
+        day = counters.check("k", KeyLimits(tokens_per_day=1))
+        return [minute, day]
+
+    minute, day = run(scenario())
+    assert minute is None  # the charge did not land in a bucket that already slid away
+    assert day is not None and day.used == 400
+
+
+def test_settlement_after_the_day_left_the_window_is_not_counted() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+
+    async def scenario() -> Any:
+        admission = await counters.admit("k", KeyLimits(), "m", reserve=PROMPT)
+        clock.now += 86400 + 60
+        await counters.charge("k", "m", Usage(prompt_tokens=300), admission.reservation)
+        return counters.check("k", KeyLimits(tokens_per_minute=1, tokens_per_day=1))
+
+    assert run(scenario()) is None
+
+
+def test_a_refused_request_reserves_nothing() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limits = KeyLimits(requests_per_minute=10, tokens_per_minute=1000)
+
+    async def scenario() -> list[Any]:
+        assert (await counters.admit("k", limits, "m", reserve=1000)).denial is None
+        refusals = [await counters.admit("k", limits, "m", reserve=PROMPT) for _ in range(3)]
+        return [refusals, counters.check("k", limits)]
+
+    refusals, denial = run(scenario())
+    assert all(r.denial is not None and r.reservation is None for r in refusals)
+    assert denial is not None and denial.used == 1000
+
+
+def test_requests_per_minute_stay_exact_with_reservations() -> None:
+    counters = LocalCounters(Clock())
+    limits = KeyLimits(requests_per_minute=3, tokens_per_minute=10**6)
+
+    async def scenario() -> list[bool]:
+        answers = await asyncio.gather(*(counters.admit("k", limits, "m", reserve=10) for _ in range(5)))
+        return [a.denial is None for a in answers]
+
+    assert run(scenario()) == [True, True, True, False, False]
+
+
+def test_each_concurrent_request_settles_its_own_reservation() -> None:
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limits = KeyLimits(tokens_per_minute=10_000)
+
+    async def scenario() -> Any:
+        first = await counters.admit("k", limits, "m", reserve=3000)
+        clock.now += 2
+        second = await counters.admit("k", limits, "m", reserve=3000)
+        await counters.charge("k", "m", Usage(prompt_tokens=100), second.reservation)
+        await counters.charge("k", "m", Usage(prompt_tokens=200), first.reservation)
+        return counters.check("k", KeyLimits(tokens_per_minute=1))
+
+    denial = run(scenario())
+    assert denial is not None and denial.used == 300
+
+
+def test_a_settlement_never_leaves_a_bucket_below_zero() -> None:
+    window = TokenWindow(60, 1.0)
+    index = window.add(100, 1000.0)
+    window.settle(index, 500, 0, 1001.0)
+    assert window.used(1001.0) == 0
+    window.add(50, 1001.0)
+    assert window.used(1001.0) == 50
