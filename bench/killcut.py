@@ -6,7 +6,7 @@ Three llama-server replicas on the tiny GGUF (built locally, as tests/real does)
 process in front of them, `--clients` threads streaming one request after another. Every `--every`
 seconds the next replica is SIGKILLed and started again on its port. Each stream is classed by its
 last `data:` line: `done` ([DONE]), `error_event` (the gateway's error event after a cut),
-`truncated` (neither: the silent cut issue 15 item 9 is about) or `failed_before_bytes`.
+`truncated` (neither: a silent cut) or `failed_before_bytes`.
 Outcomes are counts, not a bound: a slow machine runs fewer streams per kill.
 """
 
@@ -26,9 +26,9 @@ CHAT = "/v1/chat/completions"
 
 
 def main() -> None:
-    from tests.real.backends import LlamaServer, ensure_gguf
-    from tests.support.harness import run_gateway
-    from tests.support.streams import kill_routes, stream_once
+    from bench.support.engines import LlamaServer, ensure_gguf
+    from bench.support.gateway import run_gateway
+    from bench.support.streams import kill_routes, stream_once
 
     parser = argparse.ArgumentParser(prog="python -m bench.killcut", description=__doc__)
     parser.add_argument("--streams", type=int, default=2000)

@@ -206,7 +206,7 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
     with contextlib.ExitStack() as stack:
         if backend == "sim":
             from gateway.simulator import SimConfig, create_app
-            from tests.support.servers import ThreadServer
+            from bench.support.servers import ThreadServer
 
             servers = []
             for i in range(count):
@@ -218,7 +218,7 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
                 servers.append((server.url, "vllm"))
             yield servers
         elif backend == "llama":
-            from tests.real.backends import LlamaServer, ensure_gguf
+            from bench.support.engines import LlamaServer, ensure_gguf
 
             model = ensure_gguf()
             yield [
@@ -232,7 +232,7 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
                 for i in range(count)
             ]
         else:
-            from tests.real.backends import VllmServer, ensure_hf_model
+            from bench.support.engines import VllmServer, ensure_hf_model
 
             model = ensure_hf_model()
             yield [
@@ -271,7 +271,7 @@ async def drive(
 def run_scenario(
     scenario: Scenario, backend: str, *, conversations: int, turns: int, replicas: int, slots: int, words: int
 ) -> dict[str, Any]:
-    from tests.support.harness import run_gateway
+    from bench.support.gateway import run_gateway
 
     count = 1 if scenario.target == "direct" else replicas
     result = Result(scenario.name, backend, conversations, turns, count)

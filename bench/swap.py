@@ -64,7 +64,7 @@ routing: {{default: a}}
 def run(routes: str, requests: int, interval: float, pattern: str) -> dict[str, Any]:
     """Open loop: one request every `interval` seconds, presets in the order `pattern` repeats,
     each answered on its own thread, so requests for both presets wait at the same time."""
-    from tests.support.harness import run_gateway
+    from bench.support.gateway import run_gateway
 
     times: list[float] = []
     statuses: list[int] = []
@@ -101,7 +101,7 @@ def run(routes: str, requests: int, interval: float, pattern: str) -> dict[str, 
 
 
 def main() -> None:
-    from tests.real.backends import ensure_gguf, llama_server_binary
+    from bench.support.engines import ensure_gguf, llama_server_binary
 
     parser = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__)
     parser.add_argument("--requests", type=int, default=48)

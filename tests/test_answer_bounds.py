@@ -1,4 +1,4 @@
-"""Issue 15 item 3: what a replica sends is held in bounded memory. An SSE event that never ends
+"""What a replica sends is held in bounded memory. An SSE event that never ends
 ends the stream with the error event once it passes `max_event_bytes`; a non-streaming answer past
 `max_answer_bytes` is a 502, and the gateway stops reading it. Real sockets, a scripted replica.
 """

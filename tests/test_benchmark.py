@@ -149,7 +149,7 @@ def test_a_run_records_the_full_picture(gw: Running, routes: Path, tmp_path: Pat
         results = record["results"]
         assert results["decode_tps"] > 0
         assert results["decode_tps_with_context"] > 0
-        assert 0 < results["cold_ttft_s"] < 10 and 0 < results["repeat_ttft_s"] < 10
+        assert results["cold_ttft_s"] > 0 and results["repeat_ttft_s"] > 0
         assert results["cold_ttft_note"] == "valid only on the first run after an engine start"
         assert results["cold_ttft_valid"] is True
         # ~1000 tokens as the simulator counts them: the calibration from the decode prompt worked.

@@ -107,7 +107,7 @@ async def test_a_client_that_leaves_while_sending() -> None:
         await read_body(feeder({"type": "http.disconnect"}), None, 10, 1)
 
 
-# --- Content-Encoding (issue 15 item 11) -----------------------------------------------------------
+# --- Content-Encoding -----------------------------------------------------------------------------
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"hello " * 200 + b'"}]}'
 

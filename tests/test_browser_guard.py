@@ -1,4 +1,4 @@
-"""Issue 15 item 10: an open gateway on loopback serves loopback Host names only and refuses the
+"""An open gateway on loopback serves loopback Host names only and refuses the
 content types a web page may POST cross-site without a preflight; CORS only for listed origins.
 
 Over real sockets to the gateway as shipped (uvicorn, httptools), in front of a simulated replica.

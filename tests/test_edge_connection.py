@@ -1,4 +1,4 @@
-"""Issue 15 item 1: a request head that trickles, never ends or grows without bound is cut off while
+"""A request head that trickles, never ends or grows without bound is cut off while
 it is read, and open connections are capped with a clear refusal (gateway/edge/connection.py).
 
 Each test speaks raw bytes over a socket to the gateway under uvicorn with httptools, as shipped.

@@ -1,4 +1,4 @@
-"""Issue 16 item 4: fallbacks between presets, for each reason, and the client's `x-gateway-fallback: none`.
+"""Fallbacks between presets, for each reason, and the client's `x-gateway-fallback: none`.
 
 Preset `a` falls back to `b`; both in front of scripted replicas on 127.0.0.1 (or, for `loading` and
 `failed`, replicas the gateway launches). Every answer a fallback served says so in its

@@ -237,7 +237,7 @@ async def test_fleet_status_is_one_entry_per_preset(gw: Running) -> None:
     small = entries["small"]
     assert small["aliases"] == ["extractor"] and small["tasks"] == ["extract"]
     assert "chat" in small["capabilities"] and "vision" in entries["vision"]["capabilities"]
-    assert small["loaded"] is True and small["queue"] == 0
+    assert small["ready"] is True and small["queued"] == 0 and small["in_flight"] == 0
     assert "context_length" in small and "decode_tokens_per_second" in small
 
 
@@ -323,7 +323,7 @@ async def test_the_stdio_bridge_without_the_key_says_why(gw: Running) -> None:
 async def test_a_tool_call_is_a_request_of_the_key_that_opened_the_session(
     fleet: dict[str, ThreadServer],
 ) -> None:
-    """Issue 16: a named key's presets and usage hold for its MCP calls as for its own requests."""
+    """A named key's presets and usage hold for its MCP calls as for its own requests."""
     digest = hashlib.sha256(b"eval-key").hexdigest()
     keys = json.dumps([{"name": "eval", "key_sha256": digest, "presets": ["small"], "priority": "batch"}])
     with run_gateway(table(fleet) + f"keys: {keys}\n") as keyed:

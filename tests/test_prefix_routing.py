@@ -104,7 +104,7 @@ def test_warn_mode_logs_a_client_with_a_fresh_timestamp_once(
 def test_a_clients_session_name_is_never_logged_as_sent(
     client: openai.OpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 15 items 2 and 4: the body's `user` is the client's text, of any length and content;
+    """The body's `user` is the client's text, of any length and content;
     a newline in it forged a log line and an e-mail address was logged as is."""
     user = "alice@example.com\nERROR gateway: forged " + "x" * 100_000
     with caplog.at_level("WARNING", logger="gateway.pipeline.prefix"):

@@ -1,4 +1,4 @@
-"""Issue 15 item 6: a request queued before a reload goes where the new table says, never to a
+"""A request queued before a reload goes where the new table says, never to a
 replica the reload removed. Real sockets; the swap is the one `Gateway.reload` does on SIGHUP."""
 
 from __future__ import annotations

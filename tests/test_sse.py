@@ -171,21 +171,28 @@ def test_the_relay_matches_the_plain_reference_on_generated_streams() -> None:
     check()
 
 
-def test_a_read_full_of_usage_events_is_linear() -> None:
+def test_a_read_full_of_usage_events_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's continuous usage puts usage in every chunk; a read of 20,000 of them is parsed event
-    by event without rescanning the rest of the read each time."""
-    import time
+    by event without rescanning the rest of the read each time: each event is looked for from where
+    the previous one ended, within its own bytes."""
+    from gateway.relay import sse
 
+    searched: list[tuple[int, int]] = []  # (where the search began, the marker's position)
+    around = sse._event_around
+
+    def counted(data: bytes, at: int, lo: int) -> tuple[int, int, int]:
+        searched.append((lo, at))
+        return around(data, at, lo)
+
+    monkeypatch.setattr(sse, "_event_around", counted)
     event = _EVENTS[1] + b"\n\n"
-    small, big = event * 2_000, event * 20_000
-    started = time.perf_counter()
-    out_small, _ = relay_all([small])
-    small_s = time.perf_counter() - started
-    started = time.perf_counter()
+    big = event * 20_000
     out_big, relay = relay_all([big])
-    big_s = time.perf_counter() - started
-    assert out_small == small and out_big == big and relay.answer.completion_tokens == 1
-    assert big_s < 30 * small_s + 0.05, (small_s, big_s)  # quadratic would be ~100x
+    assert out_big == big and relay.answer.completion_tokens == 1
+    assert len(searched) == 20_000  # one search per marked event
+    starts = [lo for lo, _ in searched]
+    assert starts == sorted(starts)  # never back to the start of the read
+    assert max(at - lo for lo, at in searched) < len(event)  # each within its own event
 
 
 def test_a_dropped_usage_chunk_after_an_extra_blank_line_leaves_only_that_line() -> None:

@@ -1,4 +1,4 @@
-"""Issue 14: replicas the gateway launches, with the simulator as the launched engine process.
+"""Replicas the gateway launches, with the simulator as the launched engine process.
 
 Real processes (each `python -m gateway.simulator` in its own process group) on 127.0.0.1 ports,
 the gateway in front of them over real sockets; every test ends with none of them left running.

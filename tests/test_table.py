@@ -155,7 +155,7 @@ def test_params_must_be_json_values() -> None:
         parse_table(text)
 
 
-# --- launched replicas (issue 14) -------------------------------------------------------------------
+# --- launched replicas ----------------------------------------------------------------------------
 
 LAUNCHED = """
 devices: {gpu0: 48}

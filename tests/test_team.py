@@ -1,4 +1,4 @@
-"""Issue 16: named keys with their own presets, limits, priority and usage.
+"""Named keys with their own presets, limits, priority and usage.
 
 The gateway under uvicorn on 127.0.0.1, in front of scripted replicas (tests/support/faults.py, whose
 answers report 5 prompt + 3 completion tokens) or simulated ones (every dialect); each key is given

@@ -1,4 +1,4 @@
-"""Issue 16 item 5: several gateway processes, one fleet, state shared through a real redis-server.
+"""Several gateway processes, one fleet, state shared through a real redis-server.
 
 Two real `fleet-gateway serve` processes on 127.0.0.1 with `state: {redis: ...}` in front of the same
 scripted replicas; the tests start redis-server themselves (Debian's package, no persistence) and stop

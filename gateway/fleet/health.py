@@ -39,6 +39,7 @@ class HealthState:
     connect_fail_streak: int = 0
     server_error_streak: int = 0
     ejected_until: float = 0.0
+    ejected_for: float = 0.0  # the length of the latest ejection: eject_base, doubling, capped
     ejections: int = 0
     last_ejection_end: float = float("-inf")
     last_live_success: float = float("-inf")
@@ -117,6 +118,7 @@ class HealthState:
         self.ejections += 1
         duration = min(self.config.eject_base * 2 ** (self.ejections - 1), self.config.eject_max)
         self.ejected_until = now + duration
+        self.ejected_for = duration
         self.last_ejection_end = self.ejected_until
         self.server_error_streak = 0
         self.last_reason = "5xx"

@@ -135,7 +135,8 @@ def descriptions(table: Table, speeds: Mapping[str, float | None]) -> dict[str, 
         ),
         FLEET_STATUS: (
             "The fleet's presets as structured content: name, aliases, tasks, capabilities, context "
-            "length, whether a replica is loaded, queue length and measured decode speed. Read it to "
+            "length, whether a replica is ready (loaded), queue length, requests in flight and measured "
+            "decode speed. Read it to "
             "decide which preset fits before delegating large or many requests."
         ),
     }

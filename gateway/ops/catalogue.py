@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from gateway.fleet.replicas import Fleet
+from gateway.fleet.replicas import Fleet, Pool
 from gateway.routing.table import Preset
 from gateway.types import Json
 
@@ -42,6 +42,22 @@ def preset_card(fleet: Fleet, preset: Preset) -> Json:
         "context_length": context_length(fleet, preset),
         "max_tokens": preset.max_tokens,
         "ready": fleet.pools[preset.name].ready(),
+    }
+
+
+def preset_view(fleet: Fleet, pool: Pool) -> Json:
+    """What every view of a preset shows (the status page, MCP's fleet_status): its names, what it
+    can do, its context, and how busy it is now."""
+    preset = pool.preset
+    return {
+        "name": preset.name,
+        "served_model": preset.served_model,
+        "aliases": list(preset.aliases),
+        "capabilities": capabilities(preset),
+        "context_length": context_length(fleet, preset),
+        "ready": pool.ready(),
+        "queued": pool.queued,
+        "in_flight": sum(r.in_flight for r in pool.replicas),
     }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.fleet.replicas import Fleet, Replica
+from gateway.ops import catalogue
 from gateway.ops.recent import Recent, Sample, summarise
 
 
@@ -37,15 +38,11 @@ def state(
         preset = pool.preset
         presets.append(
             {
-                "name": name,
-                "served_model": preset.served_model,
-                "aliases": list(preset.aliases),
+                **catalogue.preset_view(fleet, pool),
                 "policy": preset.policy,
                 "thinking": preset.thinking,
                 "vision": preset.vision,
-                "ready": pool.ready(),
                 "panic": pool.panic(),
-                "queued": pool.queued,
                 **summarise(by_preset.get(name, []), now=now),
                 "replicas": [
                     _replica(r, now, by_replica.get(r.name, []), lifecycle.get(r.name)) for r in pool.replicas

@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from . import backends
+from bench.support import engines as backends
 from .backends import LlamaServer, VllmServer
 
 TIMEOUT = 60.0

@@ -1,4 +1,4 @@
-"""Issue 14 against real llama-server processes that the gateway itself launches.
+"""Launched replicas against real llama-server processes that the gateway itself launches.
 
 The tiny GGUF loads in well under a second, so each start is real but short: a cold start on the
 first request, two presets sharing one device swapped on demand, idle unload, a SIGKILLed replica

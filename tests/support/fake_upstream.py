@@ -73,7 +73,11 @@ def chat_answer(text: str = "hello", prompt: int = 5, completion: int = 3) -> di
         "object": "chat.completion",
         "model": "served",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
     }
 
 

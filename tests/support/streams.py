@@ -1,49 +1,5 @@
-"""A streamed chat request classed by how it ended, and the routing table for replicas that are
-killed under load: shared by tests/real/test_resilience_real.py and bench/killcut.py."""
+"""The stream classifier and kill routes: in bench/support/streams.py, shared with bench.killcut."""
 
-from __future__ import annotations
+from bench.support.streams import CHAT, kill_routes, stream_once
 
-from collections.abc import Sequence
-
-import httpx2
-import orjson
-
-CHAT = "/v1/chat/completions"
-
-
-def kill_routes(urls: Sequence[str]) -> str:
-    listing = ", ".join(f'{{name: r{i}, url: "{url}", engine: llamacpp}}' for i, url in enumerate(urls))
-    return f"""
-defaults: {{min_max_tokens: 0, timeouts: {{connect: 2, first_byte: 30, idle: 10, read: 60}}}}
-health: {{interval: 1, timeout: 1}}
-presets:
-  m: {{served_model: tiny, replicas: [{listing}]}}
-routing: {{default: m}}
-"""
-
-
-def stream_once(url: str, max_tokens: int) -> str:
-    """One streamed request: done | error_event | truncated | failed_before_bytes[: why]."""
-    body = {
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "stream": True,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,  # the random model would stop at random; these streams must last
-    }
-    got_bytes = False
-    try:
-        with httpx2.stream("POST", url + CHAT, json=body, timeout=60) as response:
-            if response.status_code != 200:
-                response.read()
-                return f"failed_before_bytes: {response.status_code}"
-            last = ""
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    got_bytes, last = True, line
-            if last == "data: [DONE]":
-                return "done"
-            if last.startswith("data: {") and "error" in orjson.loads(last[6:]):
-                return "error_event"
-            return "truncated"
-    except httpx2.HTTPError as exc:
-        return "truncated" if got_bytes else f"failed_before_bytes: {type(exc).__name__}"
+__all__ = ["CHAT", "kill_routes", "stream_once"]
