@@ -7,6 +7,9 @@ work twice. After `after` seconds without an answer the gateway opens the stream
 dialect's terms (`message_start`, `response.created`; for chat the status line) and writes the
 dialect's keep-alive every `every` seconds until the replica's first event arrives; the replica's
 own opening events are then dropped (answers/splice.py).
+
+Most requests never wait that long: until the first timer fires there is only a timer handle (no
+task), so a quick answer pays for one `call_later` and its cancellation.
 """
 
 from __future__ import annotations
@@ -26,13 +29,18 @@ class KeepAlive:
     def __init__(
         self, responder: Responder, after: float = KEEPALIVE_AFTER, every: float = KEEPALIVE_EVERY
     ) -> None:
-        self.responder, self.after, self.every = responder, after, every
+        self.responder, self.every = responder, every
         self.beats = 0
-        self._task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(after, self._begin)
+
+    def _begin(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         responder = self.responder
-        await asyncio.sleep(self.after)
         async with responder.writing:
             await responder.open_stream()
         while True:
@@ -45,6 +53,9 @@ class KeepAlive:
 
     async def stop(self) -> None:
         """Ends the keep-alive; a write in progress finishes first, so no event is cut in half."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task, self._task = self._task, None
         if task is None:
             return

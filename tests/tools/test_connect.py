@@ -16,7 +16,7 @@ from gateway.tools.connect import (
     render,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLE = load_table(REPO / "routes.yaml")
 PRESETS = [PresetInfo("dense", ("coder",), 32768, 32768), PresetInfo("moe", (), None, 8192)]
 # The shipped table sends Claude Code's opus and sonnet names to dense, haiku to moe.
