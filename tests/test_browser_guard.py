@@ -181,9 +181,16 @@ def test_open_mode_refuses_a_page_post_without_content_type(open_gw: Running, pa
     assert own_page.status_code == 415 and "no Content-Type" in own_page.text
 
 
-def test_open_mode_serves_an_untyped_post_that_no_browser_sent(open_gw: Running) -> None:
-    # curl -d, a script, an SDK: no Origin. Not a page, and what the gateway has always served.
-    assert post(open_gw, "/v1/chat/completions", CHAT).status_code == 200
+def test_open_mode_refuses_any_post_body_without_content_type(open_gw: Running) -> None:
+    # No Origin either (curl -d without -H, a script): a body must still say it is JSON.
+    answer = post(open_gw, "/v1/chat/completions", CHAT)
+    assert answer.status_code == 415 and "no Content-Type" in answer.text
+
+
+def test_open_mode_serves_a_bodyless_post_without_content_type(open_gw: Running) -> None:
+    # An admin action or a cancel carries no body a page could smuggle: refused only from a foreign Origin.
+    answer = httpx2.post(open_gw.url + "/admin/replicas/nobody/stop")
+    assert answer.status_code == 404  # reached the handler: no launched replica of that name
 
 
 @pytest.mark.parametrize("content_type", ["application/octet-stream", "text/html", "application/xml"])

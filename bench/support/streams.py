@@ -23,27 +23,33 @@ routing: {{default: m}}
 
 
 def stream_once(url: str, max_tokens: int) -> str:
-    """One streamed request: done | error_event | truncated | failed_before_bytes[: why]."""
+    """One streamed request: done | error_event | truncated[: why] | failed_before_bytes[: why]."""
     body = {
         "messages": [{"role": "user", "content": "tell me a long story"}],
         "stream": True,
         "max_tokens": max_tokens,
         "ignore_eos": True,  # the random model would stop at random; these streams must last
     }
-    got_bytes = False
+    last = ""
     try:
         with httpx2.stream("POST", url + CHAT, json=body, timeout=60) as response:
             if response.status_code != 200:
                 response.read()
                 return f"failed_before_bytes: {response.status_code}"
-            last = ""
             for line in response.iter_lines():
                 if line.startswith("data:"):
-                    got_bytes, last = True, line
-            if last == "data: [DONE]":
-                return "done"
-            if last.startswith("data: {") and "error" in orjson.loads(last[6:]):
-                return "error_event"
-            return "truncated"
+                    last = line
     except httpx2.HTTPError as exc:
-        return "truncated" if got_bytes else f"failed_before_bytes: {type(exc).__name__}"
+        # The connection broke: what the stream said last still tells how it ended.
+        if not last:
+            return f"failed_before_bytes: {type(exc).__name__}"
+        return _ending(last) if _ending(last) != "truncated" else f"truncated: {type(exc).__name__}"
+    return _ending(last) if last else "truncated: no data event"
+
+
+def _ending(last: str) -> str:
+    if last == "data: [DONE]":
+        return "done"
+    if last.startswith("data: {") and "error" in orjson.loads(last[6:]):
+        return "error_event"
+    return "truncated"

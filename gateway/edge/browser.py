@@ -102,6 +102,7 @@ class BrowserGuard:
     def refusal(self, scope: Scope) -> GatewayError | None:
         host = content_type = ""
         origin: str | None = None
+        has_body = False
         for name, value in scope["headers"]:
             if name == b"host":
                 host = value.decode("latin-1")
@@ -109,6 +110,10 @@ class BrowserGuard:
                 content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
             elif name == b"origin":
                 origin = value.decode("latin-1").strip().lower()
+            elif name == b"transfer-encoding" or (
+                name == b"content-length" and value.strip() not in (b"", b"0")
+            ):
+                has_body = True
         if self.check_host and host_name(host) not in self.hosts:
             return Forbidden(
                 "This gateway does not serve that Host name; list it in GATEWAY_ALLOWED_HOSTS "
@@ -124,11 +129,12 @@ class BrowserGuard:
                 code="origin_not_allowed",
             )
         method = scope["method"]
-        # No Content-Type at all is what a page's fetch() with an untyped Blob sends, and every
-        # browser adds an Origin to a POST (`null` included): without an Origin it is curl, a
-        # script or an SDK of the user's own, which the gateway has always served.
-        untyped_browser_post = not content_type and origin is not None
-        if (method == "POST" and (content_type or untyped_browser_post) and not json_type(content_type)) or (
+        # No Content-Type at all is what a page's fetch() with an untyped Blob sends, without a
+        # preflight: a POST with a body must say it is JSON. A bodyless POST (an admin action, a
+        # stored answer's cancel) carries nothing a page could smuggle, and the Origin check above
+        # already turned away every other page.
+        untyped = not content_type and (has_body or origin is not None)
+        if (method == "POST" and (content_type or untyped) and not json_type(content_type)) or (
             method != "GET" and content_type in SIMPLE_TYPES
         ):
             shown = content_type[:64] or "no Content-Type"

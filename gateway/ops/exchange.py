@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.dialects.answer import Answer
+from gateway.fleet.stored import NOBODY, Owner
 from gateway.team.keys import OPEN, Identity
 from gateway.team.limits import Usage
 from gateway.team.windows import Reservation
@@ -59,6 +60,7 @@ class Exchange:
     answer: Answer = field(default_factory=Answer)
     prompt: Any = None  # only with GATEWAY_LOG_PROMPTS
     identity: Identity = OPEN  # the key's name, priority, presets and limits (never the key)
+    owner: Owner = NOBODY  # whose the state this request makes the gateway keep is (stored answers)
     priority: str = "interactive"
     admitted: bool = False  # past the key's limits: its tokens are charged to the key
     reservation: Reservation | None = None  # the tokens reserved at admission, settled by the charge

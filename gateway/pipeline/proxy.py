@@ -31,9 +31,16 @@ from typing import Any
 from gateway.answers.assemble import assembler_for
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.registry import WHOLE_AS_STREAM, Endpoint
-from gateway.errors import ContextExceeded, GatewayBug, GatewayError, GatewayTimeout, UpstreamFailure
+from gateway.errors import (
+    ContextExceeded,
+    GatewayBug,
+    GatewayError,
+    GatewayTimeout,
+    NotFound,
+    UpstreamFailure,
+)
 from gateway.fleet.replicas import Fleet, Replica
-from gateway.fleet.stored import StoredResponses
+from gateway.fleet.stored import Owner, StoredResponses
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Attempt, Dispatcher, Lifecycle, RetryBudget, finish
 from gateway.pipeline.blobs import Blobs
@@ -106,7 +113,7 @@ class Proxy:
             lifecycle=context.lifecycle,
         )
         self.prefixes = PrefixStep()
-        self.stored = StoredResponses()
+        self.stored = StoredResponses(per_owner=context.settings.stored_per_key)
         # Request ids: random per process, then a counter; cheaper than a uuid per request.
         self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
@@ -138,6 +145,14 @@ class Proxy:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
         body, blobs = await parse(raw, settings)
         check_request(body, endpoint)
+        previous = body.get("previous_response_id")
+        if isinstance(previous, str) and self.stored.foreign(previous, ex.owner):
+            # Refused, not forwarded: the replica would continue another key's answer for anyone.
+            raise NotFound(
+                "No stored response with this id is known to the gateway",
+                code="response_not_found",
+                param="previous_response_id",
+            )
         responder.streaming = endpoint.streams and body.get("stream") is True
         responder.model = body.get("model")
         if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
@@ -204,7 +219,7 @@ class Proxy:
             key=key,
             blobs=call.blobs,
             forward=[(name, call.headers[name]) for name in endpoint.forward if name in call.headers],
-            pinned=self._pinned(plan.body, preset),
+            pinned=self._pinned(plan.body, preset, ex.owner),
             batch=ex.priority == "batch",
             shared_ticket=ticket,
             patience=call.patience,
@@ -301,7 +316,7 @@ class Proxy:
             raise
         finally:
             if attempt.endpoint.stores and ex.answer.response_id:
-                self.stored.remember(ex.answer.response_id, preset.name, replica.name)
+                self.stored.remember(ex.answer.response_id, preset.name, replica.name, ex.owner)
             if ex.answer.prompt_tokens:
                 replica.prompt_tokens += ex.answer.prompt_tokens
                 replica.cached_tokens += ex.answer.cached_tokens or 0
@@ -311,13 +326,15 @@ class Proxy:
                 await finish(response, attempt.release, replica)
 
     async def serve(self, responder: Responder, steps: Coroutine[Any, Any, None]) -> None:
-        """Runs the steps; a failure before a replica's answer started becomes the gateway's reply."""
+        """Runs the steps; a failure before a replica's answer started becomes the gateway's reply,
+        one after a stream started ends that stream with the dialect's error event."""
         ex = responder.ex
         try:
             await steps
         except GatewayError as error:
             if responder.started and not responder.opened:
-                raise
+                await _cut(responder, error, error.message, str(error.code))
+                return
             if isinstance(error, GatewayBug):
                 # One line with the cause for the operator; the client gets the envelope only.
                 log.error(
@@ -327,9 +344,15 @@ class Proxy:
                 ex.outcome = "upstream_error" if ex.attempts else "rejected"
             await responder.fail(error)
         except Exception as exc:
-            if responder.started:
-                raise
             log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
+            if responder.started and not responder.opened:
+                await _cut(
+                    responder,
+                    exc,
+                    f"The gateway failed on this request; request {ex.request_id}",
+                    "internal_error",
+                )
+                return
             ex.outcome = "rejected"
             await responder.fail(GatewayBug(f"The gateway failed on this request; request {ex.request_id}"))
 
@@ -375,17 +398,30 @@ class Proxy:
             client=client[0] if client else "",
             client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
             identity=scope.get("gateway.identity") or OPEN,
+            owner=Owner.of(scope),
         )
 
-    def _pinned(self, body: dict[str, Any], preset: Preset) -> str | None:
+    def _pinned(self, body: dict[str, Any], preset: Preset, owner: Owner) -> str | None:
         """A request that continues a stored response goes to the replica that holds it."""
         previous = body.get("previous_response_id")
-        where = self.stored.find(previous) if isinstance(previous, str) else None
+        where = self.stored.find(previous, owner) if isinstance(previous, str) else None
         return where[1] if where is not None and where[0] == preset.name else None
 
 
 def _is_stream(response: UpstreamResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+async def _cut(responder: Responder, error: Exception, message: str, code: str) -> None:
+    """A failure after a replica's answer started: a stream ends with the dialect's error event
+    (never silently: a client cannot tell a cut stream from a short answer otherwise); a whole
+    answer already on its way cannot be mended, and the connection is closed."""
+    ex = responder.ex
+    ex.outcome, ex.error_code = "upstream_error", code
+    if not ex.stream:
+        raise error
+    with contextlib.suppress(Exception):
+        await responder.end(message, code)
 
 
 def _counted_by(error: GatewayError, tokens: int) -> int:

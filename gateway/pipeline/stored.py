@@ -5,7 +5,7 @@ is asked (fleet/stored.py remembers which), or the gateway says it knows no such
 from __future__ import annotations
 
 from gateway.dialects.registry import STORED
-from gateway.errors import NotFound
+from gateway.errors import GatewayError, NotFound
 from gateway.pipeline.attempts import Attempt
 from gateway.pipeline.proxy import Proxy
 from gateway.pipeline.rewrite import Plan
@@ -25,7 +25,8 @@ class StoredAnswers:
         ex = proxy.exchange(STORED, scope, headers)
         responder = Responder(send, ex, STORED.dialect, proxy.ctx.clock)
         with proxy.recorded(ex):
-            where = proxy.stored.find(response_id)
+            # Another key's answer is as unknown as one never stored (an admin key sees all).
+            where = proxy.stored.find(response_id, ex.owner)
             pool = proxy.ctx.fleet().pools.get(where[0]) if where is not None else None
             if where is None or pool is None or pool.get(where[1]) is None:
                 ex.outcome = "rejected"
@@ -35,10 +36,19 @@ class StoredAnswers:
                 await responder.fail(error)
                 return
             ex.preset, ex.route = pool.preset.name, "stored"
+            try:
+                # A key's presets and request limits hold for these calls as for any of its requests.
+                proxy.ctx.team.check_preset(ex.identity, pool.preset.name)
+                await proxy.ctx.team.reserve(ex.identity, pool.preset.name, 0)
+            except GatewayError as error:
+                ex.outcome = "rejected"
+                await responder.fail(error)
+                return
+            ex.admitted = True
             deadline = proxy.ctx.clock() + pool.preset.timeouts.read
             attempt = Attempt(
                 ex, pool, STORED, {}, 0, deadline, pinned=where[1], method=scope["method"], path=scope["path"]
             )
             await proxy.serve(responder, proxy.send_and_relay(attempt, Plan(False, False), responder))
             if scope["method"] == "DELETE" and ex.status == 200:
-                proxy.stored.forget(response_id)
+                proxy.stored.forget(response_id, ex.owner)

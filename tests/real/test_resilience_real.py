@@ -40,7 +40,8 @@ def routes(replicas: tuple[LlamaServer, ...]) -> str:
 def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
     pair: tuple[LlamaServer, LlamaServer],
 ) -> None:
-    """Case 17 for real: SIGKILL one of two llama-servers while 8 clients stream continuously.
+    """SIGKILL one of two real llama-servers while 8 clients stream continuously: no request fails
+    before its first byte, and every stream the kill cut ends with the error event.
 
     The checks are on outcomes, never on how many streams fit in the time: a slow or stolen CI
     machine finishes fewer, and that says nothing about the gateway."""
@@ -64,7 +65,9 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(client) for _ in range(8)]
-            time.sleep(3)
+            # Killed once it holds streams, not at a fixed time that a slow machine can miss.
+            first = gw.gateway.fleet.pools["m"].replicas[0]
+            assert eventually(lambda: first.in_flight >= 2, 30), "r0 never held a stream: nothing to cut"
             pair[0].kill()
             killed.set()
             time.sleep(5)
@@ -79,7 +82,9 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
     ]
     assert not failed, failed
     assert not [o for o in outcomes if o.startswith("failed_before")], outcomes  # retried on the survivor
-    assert outcomes["truncated"] == 0, outcomes  # every cut stream ended with the error event
+    assert not [o for o in outcomes if o.startswith("truncated")], (
+        outcomes
+    )  # every cut ended with the error event
     assert outcomes["error_event"] >= 1, outcomes  # streams running on the killed replica
     # A client whose stream was cut starts another at once, so streams began after the kill; the
     # survivor serves every one of them to the end (those sent to the dead replica are retried).
