@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -572,9 +573,90 @@ def _probe_health(port: int, latencies: list[float], stop: threading.Event) -> N
         time.sleep(0.02)
 
 
+CUT_KEY = "cut-key"
+CUT_DIGEST = hashlib.sha256(CUT_KEY.encode()).hexdigest()
+# `fleet` formats the routes with the upstream's port: braces doubled, the digest put in first.
+CUT_ROUTES = (
+    ROUTES
+    + 'keys:\n  - {{name: cutter, key_sha256: "'
+    + CUT_DIGEST
+    + '", limits: {{tokens_per_minute: 1000}}}}\n'
+)
+
+
 def cut_charge(repo: Path) -> dict[str, Any]:
-    """The cut-stream token charge attack belongs to the request path's owner: a hook only."""
-    return {"skipped": "not implemented in bench.attack; see the request path's own bench"}
+    """Five streamed prompts of ~7,500 tokens, each closed by the client after its first event (the
+    replica holds the rest), under tokens_per_minute 1000: what the key was charged, and whether its
+    next request was admitted."""
+    hold = [sys.executable, "-m", "bench.instant_upstream", "{port}", "--hold"]
+    with fleet(repo, routes=CUT_ROUTES, upstream=hold) as (port, _):
+        prompt = "lorem ipsum dolor sit amet " * 1100
+        body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": prompt}]})
+        statuses = []
+        for _ in range(5):
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            )
+            head += b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n" % (CUT_KEY.encode(), len(body))
+            with connect(port, 10) as sock:
+                sock.sendall(head + body)
+                first = sock.recv(65536)  # the status line and the first event; then the client leaves
+                statuses.append(int(first.split(b" ", 2)[1]) if first.startswith(b"HTTP/1.1") else 0)
+            time.sleep(0.3)  # the gateway notices the client left and charges what it relayed
+        small = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        head += b"authorization: Bearer %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % (
+            CUT_KEY.encode(),
+            len(small),
+        )
+        with connect(port, 10) as sock:
+            sock.sendall(head + small)
+            answer = sock.recv(65536)
+        usage_head = (
+            b"GET /v1/usage HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer %s\r\n" % CUT_KEY.encode()
+        )
+        with connect(port, 10) as sock:
+            sock.sendall(usage_head + b"connection: close\r\n\r\n")
+            usage_raw = b""
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                while piece := sock.recv(65536):
+                    usage_raw += piece
+        charged: Any = None
+        with contextlib.suppress(Exception):
+            charged = orjson.loads(usage_raw.split(b"\r\n\r\n", 1)[1])["presets"].get("m")
+        return {
+            "cut_streams": statuses,
+            "charged": charged,
+            "next_request_status": int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0,
+        }
+
+
+def big_answer(repo: Path) -> dict[str, Any]:
+    """Non-streaming answers of about 60 MiB (an embeddings batch): the gateway's peak RSS over its
+    idle RSS for one answer, and for four at once (each in a fresh gateway)."""
+    whole = [sys.executable, "-m", "bench.instant_upstream", "{port}", "--whole", "60"]
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    out: dict[str, Any] = {}
+    for clients in (1, 4):
+        env = {"GATEWAY_MAX_ANSWER_BYTES": str(100 * MIB)}
+        with fleet(repo, upstream=whole, env=env) as (port, pid):
+            before = rss_mb(pid)
+            sizes: list[int] = []
+
+            def one(into: list[int] = sizes, at: int = port) -> None:
+                into.append(len(post(at, body, 60)))
+
+            threads = [threading.Thread(target=one) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+            out[f"{clients}_answers"] = {
+                "rss_before_mb": round(before, 1),
+                "peak_over_idle_mb": round(peak_mb(pid) - before, 1),
+                "answer_mb": round(max(sizes, default=0) / MB, 1),
+            }
+    return out
 
 
 def answer_server(port: int) -> None:
@@ -650,6 +732,7 @@ ATTACKS = {
     "stored": stored,
     "extract_schema": extract_schema,
     "cut_charge": cut_charge,
+    "big_answer": big_answer,
 }
 
 

@@ -12,6 +12,9 @@ chunk, then nothing more; the connection stays open until the client closes it.
 
 `--endless MIB` (for bench.attack): a streaming answer sends one event, then one event of MIB MiB
 that never gets its blank line, then ends.
+
+`--whole MIB` (for bench.attack): a non-streaming answer is an embeddings-shaped JSON body of about MIB
+MiB, its usage at the end.
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ def stream_response(chunks: int) -> bytes:
     return b"".join(parts)
 
 
+def whole_response(mib: int) -> bytes:
+    row = b'{"object":"embedding","index":0,"embedding":[' + b"0.0123456789," * 1023 + b"0.0123456789]}"
+    rows = b",".join([row] * max(1, (mib << 20) // len(row)))
+    usage = b'"usage":{"prompt_tokens":5,"total_tokens":5}'
+    return _response(b'{"object":"list","data":[' + rows + b"]," + usage + b"}")
+
+
 def endless_response(mib: int) -> bytes:
     piece = b"z" * (1 << 20)
     parts = [STREAM_HEAD, b"%x\r\n%s\r\n" % (len(EVENT), EVENT), b"6\r\ndata: \r\n"]
@@ -68,6 +78,7 @@ class InstantUpstream(asyncio.Protocol):
     chunks = 64
     hold = False
     endless = 0
+    whole = 0
 
     def __init__(self) -> None:
         # A bytearray: appending the pieces of a 32 MiB body stays linear (bytes += is quadratic).
@@ -80,6 +91,8 @@ class InstantUpstream(asyncio.Protocol):
         }
         if self.endless:
             self.answers[True] = endless_response(self.endless)
+        if self.whole:
+            self.answers[False] = WHOLE.setdefault(self.whole, whole_response(self.whole))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -113,10 +126,14 @@ class InstantUpstream(asyncio.Protocol):
                     return
 
 
-async def serve(port: int, chunks: int = 64, hold: bool = False, endless: int = 0) -> None:
+WHOLE: dict[int, bytes] = {}  # built once per size: every connection answers the same bytes
+
+
+async def serve(port: int, chunks: int = 64, hold: bool = False, endless: int = 0, whole: int = 0) -> None:
     InstantUpstream.chunks = chunks
     InstantUpstream.hold = hold
     InstantUpstream.endless = endless
+    InstantUpstream.whole = whole
     server = await asyncio.get_running_loop().create_server(InstantUpstream, "127.0.0.1", port, backlog=4096)
     await server.serve_forever()
 
@@ -137,5 +154,6 @@ if __name__ == "__main__":
     parser.add_argument(
         "--endless", type=int, default=0, metavar="MIB", help="streams end in one endless event"
     )
+    parser.add_argument("--whole", type=int, default=0, metavar="MIB", help="whole answers of about MIB MiB")
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.chunks, args.hold, args.endless))
+    uvloop.run(serve(args.port, args.chunks, args.hold, args.endless, args.whole))

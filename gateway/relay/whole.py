@@ -50,17 +50,59 @@ async def relay_whole(
         )
     content_type = response.headers.get("content-type", "application/json")
     if content_type.startswith("application/json"):
-        try:
-            payload = (
-                await asyncio.to_thread(orjson.loads, data) if len(data) > offload else orjson.loads(data)
-            )
-        except orjson.JSONDecodeError:
-            payload = None
+        if len(data) > offload and not changes:
+            # A large answer (an embedding batch) is not parsed whole: its Python objects would take
+            # several times its bytes. What the record needs, its usage, sits near its end.
+            payload = _tail_usage(data)
+        else:
+            try:
+                payload = (
+                    await asyncio.to_thread(orjson.loads, data) if len(data) > offload else orjson.loads(data)
+                )
+            except orjson.JSONDecodeError:
+                payload = None
         if isinstance(payload, dict):
             responder.dialect.read_whole(ex.answer, payload)
             if changes:
                 data = orjson.dumps(changes.whole(payload))
     await _send(responder, response.status, content_type, data)
+
+
+_TAIL = 64 * 1024
+
+
+def _tail_usage(data: bytes) -> dict[str, Any] | None:
+    """The answer's `usage` object, read from its last bytes (every engine writes it last or near
+    the end), as a payload the dialects read usage from; None when it is not there."""
+    tail = bytes(data[-_TAIL:])
+    at = tail.rfind(b'"usage"')
+    start = tail.find(b"{", at) if at >= 0 else -1
+    if start < 0:
+        return None
+    depth, quoted, escaped = 0, False, False
+    for index in range(start, len(tail)):
+        char = tail[index]
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == 0x5C:  # a backslash escapes what follows
+                escaped = True
+            elif char == 0x22:  # the closing quote
+                quoted = False
+            continue
+        if char == 0x22:
+            quoted = True
+        elif char == 0x7B:
+            depth += 1
+        elif char == 0x7D:
+            depth -= 1
+            if depth == 0:
+                try:
+                    usage = orjson.loads(tail[start : index + 1])
+                except orjson.JSONDecodeError:
+                    return None
+                return {"usage": usage} if isinstance(usage, dict) else None
+    return None
 
 
 async def relay_assembled(

@@ -264,12 +264,12 @@ class _Response:
         raise StopAsyncIteration
 
     async def read(self, limit: int | None = None) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        while (limit is None or size < limit) and await self._fill():
-            parts.append(self._conn.take(1 << 62 if limit is None else limit - size))
-            size += len(parts[-1])
-        return b"".join(parts)
+        # Gathered into one growing buffer, never joined at the end: a 60 MiB answer must not be held
+        # twice (the pieces and their join) at its peak.
+        out = bytearray()
+        while (limit is None or len(out) < limit) and await self._fill():
+            out += self._conn.take(1 << 62 if limit is None else limit - len(out))
+        return out  # type: ignore[return-value]  # bytes-like: every reader takes a bytearray too
 
     async def close(self) -> None:
         if self._released:
