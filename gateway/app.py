@@ -21,10 +21,10 @@ from starlette.routing import Route
 
 from gateway.edge.auth import KeyAuth
 from gateway.edge.browser import BrowserGuard, allowed_hosts, allowed_origins
-from gateway.edge.dispatch import Dispatch, MethodNotAllowed
+from gateway.edge.dispatch import Dispatch
 from gateway.edge.guard import HeaderLimits
 from gateway.edge.reject import reject
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet

@@ -9,8 +9,10 @@
     ├── Forbidden                      403     invalid_request_error   (per case: host_not_allowed)
     ├── NotFound                       404     invalid_request_error   not_found
     │   └── ModelNotFound              404                             model_not_found
+    ├── MethodNotAllowed               405     invalid_request_error   method_not_allowed
     ├── RequestTimeout                 408     invalid_request_error   body_timeout, header_timeout
     ├── UnsupportedMediaType           415     invalid_request_error   (per case)
+    ├── HeadersTooLarge                431     invalid_request_error   headers_too_large
     ├── QueueFull                      429     rate_limit_exceeded     queue_full             full     busy
     ├── RateLimited                    429     rate_limit_exceeded     (the limit's name)              busy
     ├── GatewayBug                     500     gateway_error           internal_error
@@ -23,7 +25,10 @@
     └── GatewayTimeout                 504     timeout                 (per case)
         └── QueueTimeout               504                             queue_timeout                   busy
 
-One renderer (`render`) turns any of them into `{"error": {"message", "type", "code", "param"}}`.
+The transport's failures have their own tree (upstream/__init__.py), translated into these at one
+place (pipeline/attempts.py), as HTTPX keeps transport and client errors apart. One renderer
+(`render`) turns any of them into `{"error": {"message", "type", "code", "param"}}`; each dialect
+renders them in its own envelope and words (dialects/).
 `fallback` is the reason a failure before the answer started hands the request to a fallback
 preset (routing/fallback.py), carried by the class rather than matched from its code. `busy` marks
 the failures that say "the fleet or the key is busy, retry after a while": each dialect answers
@@ -133,6 +138,12 @@ class ModelNotFound(NotFound):
     default_code = "model_not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
 class RequestTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"
@@ -143,6 +154,14 @@ class UnsupportedMediaType(GatewayError):
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class HeadersTooLarge(GatewayError):
+    """A request head past the field or byte limit, refused while it is read (edge/connection.py)."""
+
+    status = 431
+    type = "invalid_request_error"
+    default_code = "headers_too_large"
 
 
 class QueueFull(GatewayError):

@@ -20,9 +20,8 @@ from typing import Any, ClassVar, NamedTuple
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.dialects.registry import dialect_for
-from gateway.edge.guard import HeadersTooLarge
 from gateway.edge.reject import Recorder, endpoint_label
-from gateway.errors import GatewayError, Overloaded, RequestTimeout
+from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
 from gateway.ops.exchange import Exchange
 
 # The request line and the blank line come on top of the header bytes the guard counts exactly.

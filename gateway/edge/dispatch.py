@@ -12,17 +12,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.dialects.registry import Endpoint, for_path, stored_id
 from gateway.edge.reject import Recorder, reject
-from gateway.errors import GatewayError
+from gateway.errors import MethodNotAllowed
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 Handler = Callable[[Endpoint, Scope, Receive, Send], Awaitable[None]]
 StoredHandler = Callable[[str, Scope, Receive, Send], Awaitable[None]]
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
-    type = "invalid_request_error"
-    default_code = "method_not_allowed"
 
 
 class Dispatch:

@@ -10,14 +10,8 @@ import time
 from collections.abc import Callable
 
 from gateway.edge.reject import Recorder, reject
-from gateway.errors import GatewayError
+from gateway.errors import HeadersTooLarge
 from gateway.types import ASGIApp, Receive, Scope, Send
-
-
-class HeadersTooLarge(GatewayError):
-    status = 431
-    type = "invalid_request_error"
-    default_code = "headers_too_large"
 
 
 class HeaderLimits:
