@@ -42,8 +42,8 @@ from gateway.pipeline.stored import StoredAnswers
 from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
 from gateway.team.keys import (
-    KeyError_,
     Keyring,
+    KeysError,
     build_keyring,
     load_keys_file,
     plain_keys,
@@ -145,7 +145,7 @@ class Gateway:
         return table
 
 
-class State(TypedDict):
+class LifespanState(TypedDict):
     gateway: Gateway
 
 
@@ -189,7 +189,7 @@ def load_keyring(settings: Settings, table: Table) -> Keyring:
         return build_keyring(specs, anonymous, presets=table.presets)
     except OSError as exc:
         raise TableError(f"cannot read a keys file ({exc.strerror})") from None
-    except KeyError_ as exc:
+    except KeysError as exc:
         raise TableError(str(exc)) from None
 
 
@@ -211,7 +211,7 @@ def create_app(gateway: Gateway) -> Any:
     )
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+    async def lifespan(app: Starlette) -> AsyncIterator[LifespanState]:
         # Discovery and the first probe round run before serving, so early requests see real state.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(gateway.fleet.table.health.timeout + 5):
@@ -283,7 +283,7 @@ def metrics_app(gateway: Gateway) -> Any:
     """/metrics alone, for `GATEWAY_METRICS_PORT`: scrapers need no key on a private port."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+    async def lifespan(app: Starlette) -> AsyncIterator[LifespanState]:
         yield {"gateway": gateway}
 
     return Starlette(

@@ -21,7 +21,9 @@ class Occupant:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Room:
+    """Whether a start fits, and what must stop to make room for it."""
+
     fits: bool  # True: start now, after stopping `evict` (possibly none)
     evict: tuple[str, ...] = ()
     holders: tuple[str, ...] = ()  # when it does not fit: who holds the devices it needs
@@ -37,11 +39,11 @@ def free(devices: Mapping[str, float], occupants: Sequence[Occupant]) -> dict[st
 
 def plan_start(
     devices: Mapping[str, float], occupants: Sequence[Occupant], needs: Mapping[str, float]
-) -> Plan:
+) -> Room:
     left = free(devices, occupants)
     short = {d: gib - left.get(d, 0.0) for d, gib in needs.items() if gib > left.get(d, 0.0) + 1e-9}
     if not short:
-        return Plan(True)
+        return Room(True)
     chosen: list[str] = []
     for occupant in sorted((o for o in occupants if o.evictable), key=lambda o: o.last_used):
         if not any(occupant.uses.get(d, 0.0) > 0 for d in short):
@@ -52,6 +54,6 @@ def plan_start(
             if short[device] <= 1e-9:
                 del short[device]
         if not short:
-            return Plan(True, tuple(chosen))
+            return Room(True, tuple(chosen))
     holders = tuple(o.name for o in occupants if any(o.uses.get(d, 0.0) > 0 for d in needs))
-    return Plan(False, (), holders)
+    return Room(False, (), holders)

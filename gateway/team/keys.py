@@ -81,7 +81,7 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-class KeyError_(ValueError):
+class KeysError(ValueError):
     """A keys declaration is unusable; the message names where and how to fix it."""
 
 
@@ -124,7 +124,7 @@ def build_keyring(
     environ: Mapping[str, str] | None = None,
     presets: Iterable[str] | None = None,
 ) -> Keyring:
-    """Named keys first, then anonymous ones. Raises KeyError_ naming every problem at once: a
+    """Named keys first, then anonymous ones. Raises KeysError naming every problem at once: a
     key variable that is unset, two entries with one name or one key, an unknown preset."""
     environ = os.environ if environ is None else environ
     known = set(presets) if presets is not None else None
@@ -159,7 +159,7 @@ def build_keyring(
     for key in anonymous:
         entries.setdefault(digest(key), OPEN)
     if problems:
-        raise KeyError_("; ".join(problems))
+        raise KeysError("; ".join(problems))
     if any(identity is OPEN for identity in entries.values()):
         names.append(ANONYMOUS)
     return Keyring(entries, names)
@@ -170,16 +170,16 @@ def load_keys_file(path: Path) -> list[KeySpec]:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise KeyError_(f"{path}: cannot read the keys file ({exc.strerror})") from None
+        raise KeysError(f"{path}: cannot read the keys file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise KeyError_(f"{path}: not valid YAML: {exc}") from None
+        raise KeysError(f"{path}: not valid YAML: {exc}") from None
     try:
         return list(KeysFile.model_validate(raw or {}).keys)
     except ValidationError as exc:
         details = "; ".join(
             ".".join(str(part) for part in error["loc"]) + f": {error['msg']}" for error in exc.errors()
         )
-        raise KeyError_(f"{path}: {details}") from None
+        raise KeysError(f"{path}: {details}") from None
 
 
 def plain_keys(text: str) -> list[str]:
