@@ -29,6 +29,16 @@ class KeyLimits:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
 
+    @property
+    def counted(self) -> bool:
+        """Whether any window counts for this key (a key without limits costs no bookkeeping)."""
+        return self.requests_per_minute is not None or self.tokens
+
+    @property
+    def tokens(self) -> bool:
+        """Whether a token window counts for this key."""
+        return self.tokens_per_minute is not None or self.tokens_per_day is not None
+
     def rates(self) -> list[tuple[RateLimit, int]]:
         return [
             (name, value)

@@ -33,7 +33,7 @@ from gateway.team.gates import Gate
 from gateway.team.keys import ANONYMOUS, Identity, Keyring
 from gateway.team.limits import USAGE_FIELDS, Usage
 from gateway.team.state import Counters, create_counters
-from gateway.team.windows import Admission, Reservation
+from gateway.team.windows import Admission, LocalCounters, Reservation
 
 log = logging.getLogger("gateway.team")
 
@@ -107,8 +107,11 @@ class Team:
         return {name: gate.waiting for name, gate in self._gates.items() if gate.waiting}
 
     def charge(self, name: str, preset: str, usage: Usage, reservation: Reservation | None = None) -> None:
-        """The request's real tokens in place of its reservation, and its usage; counted in the
-        background: the answer has ended, nothing waits for this."""
+        """The request's real tokens in place of its reservation, and its usage; counted at once in
+        this process, in the background with Redis: the answer has ended, nothing waits for this."""
+        if isinstance(self.counters, LocalCounters):
+            self.counters.charge_now(name, preset, usage, reservation)
+            return
         task = asyncio.ensure_future(self._charge(name, preset, usage, reservation))
         self._charging.add(task)
         task.add_done_callback(self._charging.discard)

@@ -149,6 +149,7 @@ class LocalCounters:
         self._tokens: dict[str, dict[RateLimit, TokenWindow]] = {}
         self._tickets: dict[str, itertools.count[int]] = {}
         self._days: dict[dt.date, UsageTable] = {}
+        self._day: tuple[int, dt.date] = (-1, dt.date.min)  # the current UTC day, looked up once a day
 
     def condition(self) -> str:
         return "local"
@@ -174,12 +175,15 @@ class LocalCounters:
     async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
         """Checks the key's limits; if none is reached, logs the request and reserves `reserve`
         tokens in its token windows (no await in between: concurrent admissions see each other)."""
+        if not limits.counted:
+            return Admission(None, self.next_ticket(preset))  # nothing to check, count or reserve
         denial = self.check(key, limits)
         if denial is not None:
             return Admission(denial, 0)
         if limits.requests_per_minute is not None:
             self._requests.setdefault(key, collections.deque()).append(self._clock())
-        return Admission(None, self.next_ticket(preset), self.reserve(key, reserve))
+        reservation = self.reserve(key, reserve) if limits.tokens else None
+        return Admission(None, self.next_ticket(preset), reservation)
 
     def reserve(self, key: str, tokens: int) -> Reservation:
         """Counts `tokens` in the key's token windows now, unchecked (`admit` checks first; the
@@ -207,22 +211,40 @@ class LocalCounters:
         return next(self._tickets.setdefault(preset, itertools.count()))
 
     def count_tokens(self, key: str, tokens: int, limits: Iterable[RateLimit] = TOKEN_WINDOWS) -> None:
+        """Counts `tokens` in the key's token windows, where it has any (a key without a token
+        limit, whose admissions reserve nothing, keeps none)."""
+        windows = self._tokens.get(key)
+        if windows is None:
+            return
         now = self._clock()
-        windows = self._windows(key)
         for limit in limits:
             windows[limit].add(tokens, now)
 
     async def charge(
         self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
     ) -> None:
+        self.charge_now(key, preset, usage, reservation)
+
+    def charge_now(self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None) -> None:
+        """`charge` without a wait: in this process nothing needs one."""
         self.settle_tokens(key, usage.charged, reservation)
-        self.add_usage(day_of(self._clock()), key, preset, usage_counts(usage))
+        self.add_usage(self._today(), key, preset, usage_counts(usage))
+
+    def _today(self) -> dt.date:
+        day = int(self._clock() // DAY)
+        if day != self._day[0]:
+            self._day = (day, day_of(self._clock()))
+        return self._day[1]
 
     def add_usage(self, day: dt.date, key: str, preset: str, counts: dict[str, int]) -> None:
-        add_counts(self._days.setdefault(day, {}), key, preset, counts)
-        oldest = day_of(self._clock()) - dt.timedelta(days=KEEP_DAYS - 1)
-        for old in [d for d in self._days if d < oldest]:
-            del self._days[old]
+        table = self._days.get(day)
+        if table is None:
+            table = self._days[day] = {}
+            # A new day: the oldest beyond the kept ones go (looked for once a day, not per answer).
+            oldest = self._today() - dt.timedelta(days=KEEP_DAYS - 1)
+            for old in [d for d in self._days if d < oldest]:
+                del self._days[old]
+        add_counts(table, key, preset, counts)
 
     async def usage(self, days: int = 1) -> UsageTable:
         today = day_of(self._clock())

@@ -30,6 +30,10 @@ def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(main())
 
 
+# Token limits far above what the tests use: the windows count, and nothing is refused.
+ROOMY = KeyLimits(tokens_per_minute=10**9, tokens_per_day=10**9)
+
+
 def test_a_reservation_counts_at_admission_and_refuses_the_next_request() -> None:
     clock = Clock()
     counters = LocalCounters(clock)
@@ -116,7 +120,7 @@ def test_settlement_after_the_minute_left_the_window_touches_only_the_day() -> N
     counters = LocalCounters(clock)
 
     async def scenario() -> list[Any]:
-        admission = await counters.admit("k", KeyLimits(), "m", reserve=PROMPT)
+        admission = await counters.admit("k", ROOMY, "m", reserve=PROMPT)
         clock.now += 61  # a long answer: its reservation left the minute's window
         await counters.charge(
             "k", "m", Usage(prompt_tokens=300, completion_tokens=100), admission.reservation
@@ -135,7 +139,7 @@ def test_settlement_after_the_day_left_the_window_is_not_counted() -> None:
     counters = LocalCounters(clock)
 
     async def scenario() -> Any:
-        admission = await counters.admit("k", KeyLimits(), "m", reserve=PROMPT)
+        admission = await counters.admit("k", ROOMY, "m", reserve=PROMPT)
         clock.now += 86400 + 60
         await counters.charge("k", "m", Usage(prompt_tokens=300), admission.reservation)
         return counters.check("k", KeyLimits(tokens_per_minute=1, tokens_per_day=1))
