@@ -1,16 +1,27 @@
 """The gateway's own cost, against an upstream that costs nothing: `python -m bench.gateway`.
 
     python -m bench.gateway [--quick] [--rounds N] [--duration S] [--out FILE] [--no-nginx]
-                            [--minimal | --no-minimal] [--profile]
+                            [--minimal | --no-minimal] [--profile [GATEWAY]]
+                            [--against REV ...] [--with-team] [--rev-cache DIR]
 
-Up to four contenders, side by side in one run: the instant upstream reached directly (`direct`),
-through the gateway (`gateway`: `fleet-gateway serve` with shipped defaults, access log on),
-through the minimal Python proxy the performance targets were set against (`minimal`: on in full
-runs, `--minimal` in quick ones; it tells how fast this host is) and, when it is installed, through
-nginx as a plain keep-alive reverse proxy (`nginx`, a reference for what a proxy hop costs). The
+Up to four contenders (more with `--against` and `--with-team`, below), side by side in one run:
+the instant upstream reached directly (`direct`), through the gateway (`gateway`: `fleet-gateway
+serve` with the shipped routes.yaml's defaults, access log on), through the minimal Python proxy
+the performance targets were set against (`minimal`: on in full runs, `--minimal` in quick ones; it
+tells how fast this host is) and, when it is installed, through nginx as a plain keep-alive reverse
+proxy (`nginx`, a reference for what a proxy hop costs). The
 proxies run pinned to core 0; the upstream, wrk and the Python clients to core 1. Contenders
 alternate within each round (direct, gateway, minimal, nginx, direct, ...) so that drift of a
 shared, noisy machine spreads over all of them; the result is the median.
+
+`--against REV` (repeatable) adds another revision of the gateway as a contender (`gateway@<commit>`):
+that commit pip-installed into a scratch environment kept by commit (bench/proxycost/revisions.py),
+started with what its own `fleet-gateway serve` accepts, the same routes table, pinned and
+alternated like the others. `--with-team` adds this checkout's gateway with a named key and every
+limit configured, counted in the process (`gateway+team`; its clients send the key). With either,
+a second table gives five figures of the gateway's own cost per contender and the ratios between
+gateways (this checkout over each revision; with a team over without), also recorded as
+`<metric>_ratio` lines.
 
 Measurements: latency at 1 client (wrk), requests/s at 64 clients (wrk), streams/s at 32 clients
 with 64 SSE chunks each (wrk), time to first token at 1 client (a raw asyncio client), gateway RSS
@@ -45,7 +56,15 @@ from bench.proxycost.host import (
     terminate_cleanly,
 )
 from bench.proxycost.loadgen import run_child
-from bench.proxycost.report import Recorder, scale_targets, scaled_summary, table
+from bench.proxycost.report import (
+    Recorder,
+    comparison,
+    record_ratios,
+    scale_targets,
+    scaled_summary,
+    table,
+)
+from bench.proxycost.revisions import build_all, default_cache
 from bench.proxycost.run import Bench, Plan
 
 
@@ -103,7 +122,32 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         help="run the minimal Python proxy beside the gateway (default: on, off with --quick)",
     )
-    parser.add_argument("--profile", action="store_true", help="py-spy the gateway in an extra rps_64 run")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="gateway",
+        metavar="GATEWAY",
+        help="py-spy a gateway (default this checkout's; or gateway+team, or an --against revision) in an"
+        " extra rps_64 run: a summary on stdout, speedscope and collapsed stacks beside --out",
+    )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also run that revision of the gateway (any git revision; repeatable); built once per commit",
+    )
+    parser.add_argument(
+        "--with-team",
+        action="store_true",
+        help="also run this checkout's gateway with a named key and limits (in-process counters)",
+    )
+    parser.add_argument(
+        "--rev-cache",
+        type=Path,
+        default=None,
+        help=f"where --against environments are kept (default {default_cache()})",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PARAMS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -130,10 +174,26 @@ def main() -> int:
         }
     )
     use_minimal = not plan.quick if args.minimal is None else args.minimal
-    bench = Bench(
-        plan, use_nginx=not args.no_nginx, use_minimal=use_minimal, profile=args.profile, recorder=recorder
-    )
     began = time.monotonic()
+    with terminate_cleanly():
+        try:
+            revisions = build_all(args.against, args.rev_cache or default_cache())
+        except BenchError as exc:
+            print(f"bench.gateway: {exc}", file=sys.stderr)
+            return 1
+    for revision in revisions:
+        deps = "this environment's dependencies" if revision.layered else "its own dependencies"
+        print(f"{revision.name}: {revision.rev} in {revision.env}, on {deps}", file=sys.stderr, flush=True)
+    bench = Bench(
+        plan,
+        use_nginx=not args.no_nginx,
+        use_minimal=use_minimal,
+        profile=args.profile,
+        recorder=recorder,
+        with_team=args.with_team,
+        revisions=revisions,
+        profile_dir=args.out.parent,
+    )
     load = Noise()
     with terminate_cleanly():
         try:
@@ -146,7 +206,7 @@ def main() -> int:
             bench.memory()
             print("bodies", file=sys.stderr, flush=True)
             bench.bodies()
-            if args.profile:
+            if args.profile is not None:
                 bench.profile_gateway()
         except BenchError as exc:
             print(f"bench.gateway: {exc}", file=sys.stderr)
@@ -154,6 +214,8 @@ def main() -> int:
         finally:
             bench.close()
     scale_targets(recorder)
+    names = [c.name for c in bench.contenders]
+    record_ratios(recorder, names)
     wall = time.monotonic() - began
     noise = load.report()
     for line in recorder.lines:
@@ -163,12 +225,14 @@ def main() -> int:
     with args.out.open("a") as out:
         for line in recorder.lines:
             out.write(json.dumps(line) + "\n")
-    names = [c.name for c in bench.contenders]
     print()
     print(table(recorder, names))
     summary = scaled_summary(recorder)
     if summary:
         print("\n" + summary)
+    compared = comparison(recorder, names)
+    if compared:
+        print("\n" + compared)
     commit = f"{recorder.common['commit']}" + ("+dirty" if recorder.common["dirty"] else "")
     print(
         f"\n{recorder.common['date']}  {platform.machine()}, {nproc} cores  commit {commit}"

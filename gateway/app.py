@@ -22,13 +22,14 @@ from starlette.routing import Route
 from gateway.edge.auth import KeyAuth
 from gateway.edge.browser import BrowserGuard, allowed_hosts, allowed_origins
 from gateway.edge.dispatch import Dispatch
-from gateway.edge.guard import HeaderLimits
+from gateway.edge.door import Door
 from gateway.edge.reject import reject
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
 from gateway.fleet.prober import Prober
 from gateway.fleet.replicas import Fleet
 from gateway.fleet.supervisor import Supervisor
+from gateway.mcp import call as mcp_call
 from gateway.mcp.gate import McpLimits
 from gateway.mcp.server import PATH as MCP_PATH
 from gateway.mcp.server import McpEndpoint
@@ -37,7 +38,8 @@ from gateway.ops.accesslog import AccessLog
 from gateway.ops.exchange import Exchange
 from gateway.ops.metrics import Metrics
 from gateway.ops.recent import Recent
-from gateway.pipeline.proxy import Context, Proxy
+from gateway.pipeline.frame import Context
+from gateway.pipeline.proxy import Proxy
 from gateway.pipeline.stored import StoredAnswers
 from gateway.routing.table import Table, TableError, load_table
 from gateway.settings import Settings
@@ -105,9 +107,25 @@ class Gateway:
                 clock=self.clock,
                 lifecycle=self.supervisor,
                 team=self.team,
+                describe=self.describe_image,
             )
         )
         self.discovery = Discovery(lambda: self.fleet, self.prober.probe, self.resolver, self.clock)
+
+    async def describe_image(self, image: str, instruction: str) -> str:
+        """An image from a tool result, described by the table's vision preset through the
+        gateway's own request path (pipeline/tool_images.py)."""
+        vision = self.fleet.table.images
+        if vision is None:
+            raise LookupError("no vision preset (routing.images)")
+        content = [{"type": "text", "text": instruction}, {"type": "image_url", "image_url": {"url": image}}]
+        body = {"model": vision, "max_tokens": 1024, "messages": [{"role": "user", "content": content}]}
+        outcome = await mcp_call.run(
+            self.proxy.handle, body, tool="describe_image", client_id="gateway:tool_images"
+        )
+        if outcome.error or outcome.status != 200:
+            raise RuntimeError(outcome.error or f"HTTP {outcome.status}")
+        return outcome.text
 
     def record(self, ex: Exchange) -> None:
         if ex.admitted:
@@ -252,11 +270,11 @@ def create_app(gateway: Gateway) -> Any:
     dispatch = Dispatch(
         gateway.proxy.handle, StoredAnswers(gateway.proxy).handle, app, record, clock, mounts={MCP_PATH: mcp}
     )
-    authorised = KeyAuth(
+    auth = KeyAuth(
         dispatch, lambda: gateway.team.keyring, record, clock, anonymous_admin=settings.anonymous_admin
     )
-    guarded = BrowserGuard(
-        authorised,
+    guard = BrowserGuard(
+        auth,
         open_mode=not gateway.team.keyring,
         loopback=settings.host in LOOPBACK,
         hosts=allowed_hosts(settings.allowed_hosts),
@@ -264,7 +282,9 @@ def create_app(gateway: Gateway) -> Any:
         clock=clock,
         origins=allowed_origins(settings.cors_origins),
     )
-    edge: Any = HeaderLimits(guarded, settings.max_header_bytes, settings.max_header_count, record, clock)
+    edge: Any = Door(
+        dispatch, guard, auth, settings.max_header_bytes, settings.max_header_count, record, clock
+    )
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
         # Outermost: a preflight carries no key and must be answered before auth.

@@ -11,6 +11,7 @@ import httpx2
 import pytest
 
 from gateway.edge.auth import KeyAuth, is_admin, presented_key
+from gateway.types import header_map
 from gateway.fleet.stored import OPEN_OWNER, Owner
 from gateway.ops.exchange import Exchange
 from gateway.team.keys import OPEN, Identity, Keyring, KeySpec, build_keyring
@@ -48,7 +49,7 @@ def ring(keys: frozenset[str]) -> Callable[[], Keyring]:
     ],
 )
 def test_presented_key(headers: list[tuple[str, str]], key: str | None) -> None:
-    assert presented_key(http_scope("/v1/models", "GET", headers)) == key
+    assert presented_key(header_map(http_scope("/v1/models", "GET", headers))) == key
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The benchmarks' quick modes as CI checks: `python -m bench.gateway --quick --no-nginx --minimal`
-and `python -m bench.wire --quick`.
+"""The benchmarks' quick modes as CI checks: `python -m bench.gateway --quick --no-nginx --minimal
+--against HEAD --with-team` and `python -m bench.wire --quick`.
 
 They check behaviour, never speed: each benchmark runs from the repository root as a module, exits
 0, reports every figure it promises (finite, and positive where a figure can only be), and the
@@ -9,7 +9,10 @@ is compared with a bound: CI machines are shared and noisy, and the full runs ar
 
 nginx is left out of the gateway benchmark (`--no-nginx`): nothing here reads its numbers and the
 run is shorter without it. The minimal proxy runs (`--minimal`), so its figures and the targets it
-scales are checked to be reported.
+scales are checked to be reported. `--against HEAD` builds the committed gateway in a scratch
+environment on this environment's dependencies (`pip install --no-deps`, in a temporary cache) and
+runs it as a further contender, and `--with-team` the current one with a named key and limits: one
+run checks the comparison table, its ratios and that every gateway got the same work.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +41,24 @@ QUICK = {"ttft_1": 300, "body_16k": 30, "body_32m": 5, "body_4x8m": 5}  # sample
 # today ~0: the quick run's 10,000 requests are too few for a precise figure, but a leak of whole
 # requests shows).
 MEMORY_CEILINGS = {"rss_streams_mb": 2 * 150, "rss_growth_mb_per_1000": 4 * 5}
+HEAD_COMMIT = subprocess.run(
+    ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+).stdout.strip()
+HEAD = f"gateway@{HEAD_COMMIT[:7]}"  # the --against HEAD contender
+TEAM = "gateway+team"
+GATEWAYS = ("gateway", TEAM, HEAD)
+CONTENDERS = ("direct", *GATEWAYS, "minimal")
+# The comparison's figures (bench/proxycost/report.py FIGURES): label -> metric.
+FIGURES = {
+    "added latency, 1 client, p50": "latency_1_p50_added",
+    "requests/s, 64 clients": "rps_64",
+    "CPU per request, 64 clients": "rps_64_cpu_ms",
+    "added time to first token, 1 client, p50": "ttft_1_p50_added",
+    "CPU per stream (64 chunks), 32 clients": "streams_32_cpu_ms",
+}
 
 
-# What every run reports: for every contender, and for the gateway alone.
+# What every run reports: for every contender, and for the gateways alone.
 BOTH = (
     "latency_1_p50",
     "latency_1_p99",
@@ -106,13 +126,19 @@ def run_module(args: list[str], out: Path, timeout: float) -> tuple[list[dict[st
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], str]:
+def rev_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("revisions")
+
+
+@pytest.fixture(scope="module")
+def quick_run(rev_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], str]:
     if shutil.which("wrk") is None:
         pytest.fail(
             "wrk is not installed: apt-get install wrk (scripts/install-system; CI has it)", pytrace=False
         )
     out = tmp_path_factory.mktemp("bench") / "gateway.jsonl"
-    return run_module(["bench.gateway", "--quick", "--no-nginx", "--minimal"], out, timeout=240)
+    args = ["bench.gateway", "--quick", "--no-nginx", "--minimal", "--against", "HEAD", "--with-team"]
+    return run_module([*args, "--rev-cache", str(rev_cache)], out, timeout=900)
 
 
 def value(lines: list[dict[str, Any]], contender: str, metric: str) -> float:
@@ -137,15 +163,16 @@ def test_json_lines_are_valid_and_complete(quick_run: tuple[list[dict[str, Any]]
         assert line["mode"] == "quick"
         assert line["date"] and line["commit"]
         assert line["machine"]["arch"] and line["machine"]["nproc"] >= 1
-        assert line["contender"] in ("direct", "gateway", "minimal")
+        assert line["contender"] in CONTENDERS
         assert isinstance(line["value"], int | float) and math.isfinite(line["value"]), line
         assert isinstance(line["unit"], str)
     assert len({line["run"] for line in lines}) == 1
     have = {(line["contender"], line["metric"]) for line in lines}
     wanted = (
-        {(c, m) for c in ("direct", "gateway", "minimal") for m in BOTH}
-        | {("gateway", m) for m in GATEWAY_ONLY}
+        {(c, m) for c in CONTENDERS for m in BOTH}
+        | {(c, m) for c in GATEWAYS for m in GATEWAY_ONLY}
         | {("gateway", m + "_scaled") for m in SCALED}
+        | {(c, m + "_ratio") for c in (TEAM, HEAD) for m in FIGURES.values()}
     )
     assert not wanted - have, f"missing: {sorted(wanted - have)}"
     assert len(have) == len(lines), "one line per contender and metric"
@@ -170,9 +197,10 @@ def test_figures_are_positive_where_they_can_only_be(quick_run: tuple[list[dict[
 
 def test_every_request_was_answered(quick_run: tuple[list[dict[str, Any]], str]) -> None:
     """wrk saw no error and no non-2xx answer; every stream carried its 64 chunks and [DONE]; the
-    Python clients got a 200 for each of their requests (they stop at the first other status)."""
+    Python clients got a 200 for each of their requests (they stop at the first other status). The
+    team's gateway refuses a request without its key, so its clients sent the key every time."""
     lines, _ = quick_run
-    for contender in ("direct", "gateway"):
+    for contender in ("direct", *GATEWAYS):
         for metric in ("rps_64", "streams_32"):
             assert value(lines, contender, metric + "_errors") == 0
             errors = detail(lines, contender, metric + "_errors")
@@ -182,20 +210,187 @@ def test_every_request_was_answered(quick_run: tuple[list[dict[str, Any]], str])
         assert detail(lines, contender, "ttft_1_p50")["requests"] == QUICK["ttft_1"]
         for body in ("body_16k", "body_32m", "body_4x8m"):
             assert detail(lines, contender, body)["samples"] == QUICK[body]
-    assert detail(lines, "gateway", "rss_growth_mb_per_1000")["errors"] == 0
+    for contender in GATEWAYS:
+        assert detail(lines, contender, "rss_growth_mb_per_1000")["errors"] == 0
 
 
 def test_every_stream_was_held_open(quick_run: tuple[list[dict[str, Any]], str]) -> None:
     lines, _ = quick_run
-    assert value(lines, "gateway", "streams_open") == QUICK_STREAMS
-    assert detail(lines, "gateway", "rss_streams_mb")["failures"] == 0
+    for contender in GATEWAYS:
+        assert value(lines, contender, "streams_open") == QUICK_STREAMS
+        assert detail(lines, contender, "rss_streams_mb")["failures"] == 0
 
 
 def test_memory_is_not_grossly_above_today(quick_run: tuple[list[dict[str, Any]], str]) -> None:
     lines, _ = quick_run
-    for metric, ceiling in MEMORY_CEILINGS.items():
-        measured = value(lines, "gateway", metric)
-        assert measured <= ceiling, f"{metric}: {measured:.3f} MB > {ceiling} MB"
+    for contender in GATEWAYS:
+        for metric, ceiling in MEMORY_CEILINGS.items():
+            measured = value(lines, contender, metric)
+            assert measured <= ceiling, f"{contender} {metric}: {measured:.3f} MB > {ceiling} MB"
+
+
+def test_against_head_prints_the_comparison_with_a_ratio_per_figure(
+    quick_run: tuple[list[dict[str, Any]], str],
+) -> None:
+    """One row per figure, a value for each contender that has it, and a ratio for each pair of
+    gateways (this checkout over HEAD's build; with a team over without), as printed and as JSON
+    lines, each the quotient of the two figures recorded."""
+    lines, stdout = quick_run
+    table = stdout[stdout.index("the gateway against its other revisions") :]
+    header = next(line for line in table.splitlines() if line.startswith("figure"))
+    assert f"gateway / {HEAD}" in header and f"{TEAM} / gateway" in header
+    for label, metric in FIGURES.items():
+        row = next(line for line in table.splitlines() if line.startswith(label + "  "))
+        ratios = re.findall(r"(\d+\.\d\d)x (better|worse|level)", row)
+        assert len(ratios) == 2, row
+        for (printed, _), (top, bottom) in zip(ratios, (("gateway", HEAD), (TEAM, "gateway")), strict=True):
+            owner = bottom if top == "gateway" else top
+            recorded = detail(lines, owner, metric + "_ratio")
+            assert (recorded["of"], recorded["to"]) == (top, bottom)
+            quotient = value(lines, top, metric) / value(lines, bottom, metric)
+            assert value(lines, owner, metric + "_ratio") == pytest.approx(quotient, rel=1e-3)
+            assert float(printed) == pytest.approx(quotient, abs=0.006)
+    assert "with named keys and limits:" in table
+
+
+def test_against_head_runs_the_committed_gateway_from_its_own_environment(
+    quick_run: tuple[list[dict[str, Any]], str], rev_cache: Path
+) -> None:
+    """The revision's lines name the commit; its environment imports `gateway` from itself, not
+    from this checkout, and borrows the dependencies; a second run reuses it without a build."""
+    lines, _ = quick_run
+    for line in lines:
+        if line["contender"] == HEAD:
+            assert line["revision"] == {"rev": "HEAD", "commit": HEAD_COMMIT, "deps": "shared"}
+        else:
+            assert "revision" not in line
+        assert ("team" in line) == (line["contender"] == TEAM)
+    (env,) = [p for p in rev_cache.iterdir() if p.is_dir() and p.name.startswith(HEAD_COMMIT)]
+    imported = subprocess.run(
+        [str(env / "bin" / "python"), "-c", "import gateway, starlette; print(gateway.__file__)"],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert Path(imported).resolve().is_relative_to(env.resolve())
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from bench.proxycost.revisions import build_all;"
+            " print(build_all(['HEAD'], Path(sys.argv[1]))[0].env)",
+            str(rev_cache),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert Path(again.stdout.strip()) == env
+    assert "building" not in again.stderr
+
+
+def test_the_routes_table_turns_on_what_the_shipped_routes_yaml_does() -> None:
+    """Every gateway of a run, old or new, gets the shipped routes.yaml's defaults and health
+    settings (but the admission limit that 1,000 open streams need), whatever its built-in ones."""
+    from bench.proxycost.routes import MAX_IN_FLIGHT, routes_yaml
+
+    shipped = yaml.safe_load((ROOT / "routes.yaml").read_text())
+    table = yaml.safe_load(routes_yaml(1, 2))
+    expected = {
+        **shipped["defaults"],
+        "limits": {**shipped["defaults"]["limits"], "max_in_flight": MAX_IN_FLIGHT},
+    }
+    assert table["defaults"] == expected
+    assert table["health"] == shipped["health"]
+    assert "keys" not in table
+    team = yaml.safe_load(routes_yaml(1, 2, team=True))
+    assert [key["name"] for key in team["keys"]] == ["bench"]
+    assert set(team["keys"][0]["limits"]) == {
+        "concurrent",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_day",
+    }
+
+
+def test_the_comparison_says_which_way_each_ratio_is_better() -> None:
+    """Lower is better for the added times and the CPU, higher for requests/s; the team's verdict
+    names the figures more than 10 % worse than without a team."""
+    from bench.proxycost.report import Recorder, comparison, record_ratios
+
+    rec = Recorder({})
+    figures = {
+        "gateway": (0.40, 2000.0, 0.400, 1.00, 0.500),
+        "gateway@abcdef0": (0.20, 5000.0, 0.200, 0.50, 0.500),
+        "gateway+team": (0.42, 1900.0, 0.500, 1.05, 0.520),
+    }
+    for name, values in figures.items():
+        for metric, number in zip(FIGURES.values(), values, strict=True):
+            rec.add(name, metric, number, "")
+    names = ["direct", "gateway", "gateway+team", "gateway@abcdef0"]
+    text = comparison(rec, names)
+    rows = {label: next(line for line in text.splitlines() if line.startswith(label)) for label in FIGURES}
+    assert rows["added latency, 1 client, p50"].split()[-4:] == ["2.00x", "worse", "1.05x", "worse"]
+    assert rows["requests/s, 64 clients"].split()[-4:] == ["0.40x", "worse", "0.95x", "worse"]
+    assert rows["CPU per request, 64 clients"].split()[-7:] == [
+        "400",
+        "500",
+        "200",
+        "2.00x",
+        "worse",
+        "1.25x",
+        "worse",
+    ]
+    assert rows["CPU per stream (64 chunks), 32 clients"].split()[-4:] == ["1.00x", "level", "1.04x", "worse"]
+    assert (
+        text.splitlines()[-1]
+        == "with named keys and limits: more than 10 % worse on CPU per request, 64 clients (+25 %)"
+    )
+    record_ratios(rec, names)
+    assert rec.get("gateway@abcdef0", "rps_64_ratio") == 0.4
+    assert rec.detail("gateway@abcdef0", "rps_64_ratio") == {
+        "of": "gateway",
+        "to": "gateway@abcdef0",
+        "better": "higher",
+    }
+    assert rec.get("gateway+team", "rps_64_cpu_ms_ratio") == 1.25
+    assert comparison(rec, ["direct", "gateway", "minimal"]) == ""
+
+
+def test_a_profile_is_summarised_by_module_and_converted_for_speedscope() -> None:
+    from bench.proxycost.report import summarise_profile, to_speedscope
+
+    raw = "\n".join(
+        [
+            "run (asyncio/runners.py:118);handle (gateway/pipeline/proxy.py:40);send (gateway/upstream/lean_client.py:9) 6",
+            "run (asyncio/runners.py:118);handle (gateway/pipeline/proxy.py:40) 3",
+            "run (asyncio/runners.py:118);write (gateway/ops/accesslog.py:12) 1",
+        ]
+    )
+    summary = summarise_profile(raw, top=2).splitlines()
+    assert "top 2 functions" in summary[0] and "90.0 % of 10 samples" in summary[0]
+    assert summary[2].split() == ["60.0", "gateway/upstream/lean_client.py"]
+    assert summary[3].split() == ["60.0", "60.0", "send"]
+    assert summary[4].split() == ["30.0", "gateway/pipeline/proxy.py"]
+    assert summary[5].split() == ["30.0", "90.0", "handle"]
+    assert "accesslog" not in "\n".join(summary[:6])  # not in the top 2
+    assert summary[7].split() == ["self", "%", "package"]
+    assert [line.split()[1] for line in summary[8:]] == [
+        "gateway/upstream",
+        "gateway/pipeline",
+        "gateway/ops",
+    ]
+    profile = to_speedscope(raw, "test")
+    frames = profile["shared"]["frames"]
+    assert [frame["name"] for frame in frames] == ["run", "handle", "send", "write"]
+    assert frames[2] == {"name": "send", "file": "gateway/upstream/lean_client.py", "line": 9}
+    (sampled,) = profile["profiles"]
+    assert sampled["samples"] == [[0, 1, 2], [0, 1], [0, 3]]
+    assert sampled["weights"] == [6, 3, 1] and sampled["endValue"] == 10
 
 
 def test_targets_scale_by_what_the_minimal_proxy_measures_here() -> None:

@@ -58,6 +58,9 @@ from tests.support.rawhttp import (
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[1]
 
+# What every real client sends with a JSON body (open mode refuses a body without it).
+JSON = ("Content-Type", "application/json")
+
 
 def post(gw: Running, body: dict[str, Any] | bytes, timeout: float = 10.0, **kw: Any) -> RawResponse:
     return http_request(address_of(gw.url), "POST", CHAT, body, timeout=timeout, **kw)
@@ -110,7 +113,7 @@ def test_case_26_chunked_body_above_the_limit(gw: Running, upstream: FaultServer
     piece = b"x" * 16 * 1024
     frame = b"%x\r\n%s\r\n" % (len(piece), piece)
     with connect(address_of(gw.url)) as sock:
-        sock.sendall(encode_request("POST", CHAT, None, [("Transfer-Encoding", "chunked")]))
+        sock.sendall(encode_request("POST", CHAT, None, [JSON, ("Transfer-Encoding", "chunked")]))
         sent = 0
         answered = False
         while sent < 8 * limit:
@@ -146,7 +149,7 @@ def test_case_26_memory_stays_within_twice_the_limit(upstream: FaultServer) -> N
 
         def oversized() -> None:
             with connect(address_of(running.url), 10) as sock:
-                sock.sendall(encode_request("POST", CHAT, None, [("Transfer-Encoding", "chunked")]))
+                sock.sendall(encode_request("POST", CHAT, None, [JSON, ("Transfer-Encoding", "chunked")]))
                 try:
                     for _ in range(4 * limit // len(chunk)):
                         sock.sendall(frame)
@@ -185,7 +188,7 @@ def test_case_27_body_slowloris_times_out(gw: Running, upstream: FaultServer) ->
     """A body sent one byte at a time is cut at the body timeout: 408 body_timeout (or a close)."""
     before = len(upstream.chat_requests)
     with connect(address_of(gw.url), 10) as sock:
-        sock.sendall(encode_request("POST", CHAT, None, [("Content-Length", "100")]))
+        sock.sendall(encode_request("POST", CHAT, None, [JSON, ("Content-Length", "100")]))
         answered = False
         sent = 0
         for _ in range(40):  # <= 10 s at 4 bytes a second
@@ -222,7 +225,7 @@ def test_case_27_hundred_slowloris_clients_do_not_stop_normal_requests(upstream:
         try:
             for _ in range(100):
                 sock = connect(address_of(running.url), 10)
-                sock.sendall(encode_request("POST", CHAT, None, [("Content-Length", "1000")]) + b"{")
+                sock.sendall(encode_request("POST", CHAT, None, [JSON, ("Content-Length", "1000")]) + b"{")
                 socks.append(sock)
             started = now()
             response = post(running, chat_body(), timeout=5)

@@ -1,5 +1,6 @@
-"""The contenders (the instant upstream reached directly, the gateway, the minimal proxy, nginx) and
-the start-up of every process behind them."""
+"""The contenders (the instant upstream reached directly, this checkout's gateway, the same with a team's
+keys and limits, other revisions of the gateway, the minimal proxy, nginx) and the start-up of every
+process behind them."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from bench.proxycost.bodies import SMALL_BODY, STREAM_BODY
 from bench.proxycost.constants import CHAT, CHUNKS, MAX_BODY, ROOT
-from bench.proxycost.host import BenchError, Processes, free_port, pin, wait_ready
+from bench.proxycost.host import BenchError, Processes, free_port, http_post_status, pin, wait_ready
+from bench.proxycost.revisions import Revision, clean_env
+from bench.proxycost.routes import TEAM_KEY, TEAM_LIMITS, routes_yaml
 from bench.proxycost.wrk import wrk_script
 
 
@@ -64,77 +68,87 @@ http {{
     return conf
 
 
-def routes_yaml(upstream: int, hold: int) -> str:
-    # One preset in front of the instant upstream, shipped defaults but for volatile-content
-    # detection (`warn`, as the issue asks) and the admission limit: 1,000 open streams need more
-    # than the default 64 in flight per replica. `vision: true` lets the image bodies through.
-    # `hold` is the same preset in front of the holding upstream, for the open-streams memory test.
-    return f"""defaults:
-  prefix: {{volatile: warn}}
-  limits: {{max_in_flight: 1100}}
-presets:
-  bench:
-    served_model: m
-    vision: true
-    replicas: [{{name: instant, url: "http://127.0.0.1:{upstream}", engine: vllm}}]
-  hold:
-    served_model: m
-    replicas: [{{name: held, url: "http://127.0.0.1:{hold}", engine: vllm}}]
-routing: {{default: bench}}
-"""
-
-
 @dataclass
 class Contender:
     name: str
     port: int
     pid: int | None  # the proxy's process, for RSS; None for direct
     hold_path: str | None  # where a held stream goes; None: no memory test
+    gateway: bool = False  # a fleet-gateway process (this checkout, with a team, or a revision)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (the team's key)
+    scripts: dict[str, Path] = field(default_factory=dict)  # wrk's, by body: "small", "stream"
 
     def url(self, path: str = CHAT) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
 
+@dataclass
+class GatewayLaunch:
+    """How to start one gateway contender: its command, the variables it reads, its routes."""
+
+    name: str
+    command: list[str]  # up to `serve`'s options
+    env: dict[str, str]
+    cwd: Path
+    team: bool = False
+    port_flag: bool = True  # `serve --port N`; False: GATEWAY_PORT
+    settings: frozenset[str] | None = None  # the GATEWAY_* variables it reads; None: all
+    tag: dict[str, Any] | None = None  # recorded with each of its JSON lines
+
+
 class Lineup:
     """The contenders and every process behind them: all started in `start`, all stopped in `close`."""
 
-    def __init__(self, use_nginx: bool, use_minimal: bool) -> None:
+    def __init__(
+        self,
+        use_nginx: bool,
+        use_minimal: bool,
+        with_team: bool = False,
+        revisions: Sequence[Revision] = (),
+    ) -> None:
         self.use_nginx = use_nginx
         self.use_minimal = use_minimal
+        self.with_team = with_team
+        self.revisions = list(revisions)
         self.procs = Processes()
         self.contenders: list[Contender] = []
         self.gateway: Contender | None = None
+        self.tags: dict[str, dict[str, Any]] = {}  # contender -> what its JSON lines record about it
         self.tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-        self.scripts: dict[str, Path] = {}
         self.files: list[IO[bytes]] = []
 
+    def launches(self) -> list[GatewayLaunch]:
+        """This checkout's gateway, with a team, then each revision: alternated in that order."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}  # shipped defaults
+        python = sys.executable
+        exe = Path(python).parent / "fleet-gateway"
+        command = [str(exe)] if exe.exists() else [python, "-m", "gateway"]
+        current = GatewayLaunch("gateway", command, env, ROOT)
+        launches = [current]
+        if self.with_team:
+            tag = {"team": {"keys": 1, "limits": TEAM_LIMITS, "state": "process"}}
+            launches.append(GatewayLaunch("gateway+team", command, env, ROOT, team=True, tag=tag))
+        for revision in self.revisions:
+            launches.append(
+                GatewayLaunch(
+                    revision.name,
+                    [str(revision.executable)],
+                    {k: v for k, v in clean_env().items() if not k.startswith("GATEWAY_")},
+                    self.tmp,  # not the repository: a `-m` or a relative import finds no checkout here
+                    port_flag="--port" in revision.serve_flags,
+                    settings=revision.settings,
+                    tag={"revision": revision.tag()},
+                )
+            )
+        return launches
+
     def start(self) -> None:
-        upstream, hold, gateway_port = free_port(), free_port(), free_port()
+        upstream, hold = free_port(), free_port()
         python = sys.executable
         instant = [python, "-m", "bench.instant_upstream"]
         up = self.procs.start("upstream", [*pin(1), *instant, str(upstream), str(CHUNKS)])
         held = self.procs.start("hold upstream", [*pin(1), *instant, str(hold), "--hold"])
-        routes = self.tmp / "routes.yaml"
-        routes.write_text(routes_yaml(upstream, hold))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}  # shipped defaults
-        env |= {
-            "GATEWAY_ROUTES": str(routes),
-            "GATEWAY_HOST": "127.0.0.1",
-            "GATEWAY_LOG_REQUESTS": "true",
-            "GATEWAY_DRAIN_SECONDS": "1",  # shutdown only; nothing on the request path
-        }
-        exe = Path(python).parent / "fleet-gateway"
-        command = [str(exe)] if exe.exists() else [python, "-m", "gateway"]
-        gateway = self.procs.start(
-            "gateway",
-            [*pin(0), *command, "serve", "--port", str(gateway_port)],
-            env=env,
-            cwd=ROOT,
-            # The access log stays on, as shipped: every line is built and written, to /dev/null
-            # (a full run would leave a gigabyte of log in a file).
-            stdout=subprocess.DEVNULL,
-            stderr=self._file("gateway.err"),
-        )
+        gateways = [(launch, *self._start_gateway(launch, upstream, hold)) for launch in self.launches()]
         minimal = None
         if self.use_minimal:
             minimal_port = free_port()
@@ -169,12 +183,21 @@ class Lineup:
         wait_ready(upstream, "/health", up, "the instant upstream", 15)
         wait_ready(hold, "/health", held, "the holding upstream", 15)
         self.contenders.append(Contender("direct", upstream, None, None))
-        try:
-            wait_ready(gateway_port, "/ready", gateway, "the gateway", 60)
-        except BenchError as exc:
-            raise BenchError(f"{exc}\n{(self.tmp / 'gateway.err').read_text()[-3000:]}") from None
-        self.gateway = Contender("gateway", gateway_port, gateway.pid, CHAT)
-        self.contenders.append(self.gateway)
+        for launch, port, process in gateways:
+            try:
+                wait_ready(port, "/ready", process, launch.name, 60)
+            except BenchError as exc:
+                log = (self.tmp / f"{launch.name}.err").read_text()[-3000:]
+                raise BenchError(f"{exc}\n{log}") from None
+            headers = {"authorization": f"Bearer {TEAM_KEY}"} if launch.team else {}
+            if launch.team and (status := http_post_status(port, CHAT, SMALL_BODY)) != 401:
+                # The team is on only if a request without its key is refused.
+                raise BenchError(f"{launch.name} answered {status} to a request without the key, not 401")
+            contender = Contender(launch.name, port, process.pid, CHAT, gateway=True, headers=headers)
+            self.contenders.append(contender)
+            if launch.tag:
+                self.tags[launch.name] = launch.tag
+        self.gateway = self.contenders[1]
         if minimal is not None:
             try:
                 wait_ready(minimal_port, "/health", minimal, "the minimal proxy", 30)
@@ -187,10 +210,42 @@ class Lineup:
             except BenchError as exc:
                 raise BenchError(f"{exc}\n{(self.tmp / 'nginx-error.log').read_text()[-3000:]}") from None
             self.contenders.append(Contender("nginx", nginx_port, nginx.pid, "/hold" + CHAT))
-        self.scripts = {
-            "small": wrk_script(self.tmp, "small", SMALL_BODY),
-            "stream": wrk_script(self.tmp, "stream", STREAM_BODY),
+        for contender in self.contenders:
+            for name, body in (("small", SMALL_BODY), ("stream", STREAM_BODY)):
+                script = f"{name}-{contender.port}"
+                contender.scripts[name] = wrk_script(self.tmp, script, body, contender.headers)
+
+    def _start_gateway(
+        self, launch: GatewayLaunch, upstream: int, hold: int
+    ) -> tuple[int, subprocess.Popen[bytes]]:
+        port = free_port()
+        routes = self.tmp / f"routes-{port}.yaml"
+        routes.write_text(routes_yaml(upstream, hold, team=launch.team))
+        wanted = {
+            "GATEWAY_ROUTES": str(routes),
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_LOG_REQUESTS": "true",
+            "GATEWAY_DRAIN_SECONDS": "1",  # shutdown only; nothing on the request path
         }
+        if not launch.port_flag:
+            wanted["GATEWAY_PORT"] = str(port)
+        # An older revision is given only the settings it reads (it would ignore the others; this
+        # keeps what each one ran with explicit).
+        env = launch.env | {
+            k: v for k, v in wanted.items() if launch.settings is None or k in launch.settings
+        }
+        argv = [*pin(0), *launch.command, "serve", *(["--port", str(port)] if launch.port_flag else [])]
+        process = self.procs.start(
+            launch.name,
+            argv,
+            env=env,
+            cwd=launch.cwd,
+            # The access log stays on, as shipped: every line is built and written, to /dev/null
+            # (a full run would leave a gigabyte of log in a file).
+            stdout=subprocess.DEVNULL,
+            stderr=self._file(f"{launch.name}.err"),
+        )
+        return port, process
 
     def _file(self, name: str) -> IO[bytes]:
         handle = (self.tmp / name).open("wb")

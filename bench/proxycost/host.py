@@ -76,6 +76,16 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> int:
     return int(head[9:12]) if head.startswith(b"HTTP/1.") else 0
 
 
+def http_post_status(port: int, path: str, body: bytes, timeout: float = 10.0) -> int:
+    """The status of one JSON POST with no other header."""
+    head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head.encode() + body)
+        answer = sock.recv(64)
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.") else 0
+
+
 def wait_ready(port: int, path: str, process: subprocess.Popen[bytes], name: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:

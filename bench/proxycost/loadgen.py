@@ -25,13 +25,15 @@ from bench.proxycost.host import BenchError, pin, raise_nofile
 PROBE_INTERVAL = 0.010
 
 
-def _head(method: str, path: str, length: int) -> bytes:
+def _head(method: str, path: str, length: int, headers: dict[str, str] | None = None) -> bytes:
     head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-    return f"{head}content-length: {length}\r\n\r\n".encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    return f"{head}{extra}content-length: {length}\r\n\r\n".encode()
 
 
-def _request(method: str, path: str, body: bytes = b"") -> bytes:
-    return _head(method, path, len(body)) + body
+def _request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    """`headers`: a contender's own (the team's key), from the `headers` of a child's params."""
+    return _head(method, path, len(body), headers) + body
 
 
 @dataclass
@@ -78,7 +80,7 @@ async def child_ttft(params: dict[str, Any]) -> dict[str, Any]:
     """Streaming requests one at a time on one keep-alive connection: request sent -> first body
     byte of an SSE data event, and the number of content chunks each stream carried."""
     reader, writer = await _connect(params["port"])
-    request = _request("POST", params["path"], params["body"].encode())
+    request = _request("POST", params["path"], params["body"].encode(), params.get("headers"))
     samples: list[float] = []
     chunks: set[int] = set()
     for i in range(params["warmup"] + params["count"]):
@@ -100,7 +102,7 @@ async def child_hold(params: dict[str, Any]) -> dict[str, Any]:
     opened: list[asyncio.StreamWriter] = []
     failed: list[str] = []
     gate = asyncio.Semaphore(64)
-    request = _request("POST", params["path"], params["body"].encode())
+    request = _request("POST", params["path"], params["body"].encode(), params.get("headers"))
 
     async def open_one() -> None:
         async with gate:
@@ -137,7 +139,7 @@ async def child_load(params: dict[str, Any]) -> dict[str, Any]:
     """`count` varied requests over `connections` keep-alive connections, for the growth test:
     1,000 distinct system prompts, 100 users, every fourth request a stream, so caches keyed by
     content reach their bounds. (wrk's thread:stop() does not end a run before its duration.)"""
-    count, port, path = params["count"], params["port"], params["path"]
+    count, port, path, headers = params["count"], params["port"], params["path"], params.get("headers")
     errors = 0
     next_number = 0
 
@@ -149,7 +151,7 @@ async def child_load(params: dict[str, Any]) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": "bench", "user": f"u{n % 100}", "messages": messages}
         if n % 4 == 0:
             payload["stream"] = True
-        return _request("POST", path, json.dumps(payload, separators=(",", ":")).encode())
+        return _request("POST", path, json.dumps(payload, separators=(",", ":")).encode(), headers)
 
     async def worker() -> None:
         nonlocal errors, next_number
@@ -170,7 +172,7 @@ async def child_bodies(params: dict[str, Any]) -> dict[str, Any]:
     """Large request bodies, timed from the first byte sent to the last byte of the answer:
     the 16k-token conversation (sequential), a 32 MiB image request (sequential), 4 concurrent
     8 MiB ones. Windows (CLOCK_MONOTONIC) of the big ones let the probe's samples be matched."""
-    port, path = params["port"], params["path"]
+    port, path, headers = params["port"], params["path"], params.get("headers")
     small = chat_body("bench", stream=False, messages=conversation_16k())
     big = image_body(MAX_BODY - 1024)
     eight = image_body(8 * 1024 * 1024)
@@ -179,7 +181,7 @@ async def child_bodies(params: dict[str, Any]) -> dict[str, Any]:
     async def send(body: bytes, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> float:
         reader, writer = connection
         start = time.perf_counter()
-        writer.write(_head("POST", path, len(body)))
+        writer.write(_head("POST", path, len(body), headers))
         writer.write(body)
         await writer.drain()
         answer = await asyncio.wait_for(read_answer(reader), timeout=120)

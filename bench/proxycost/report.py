@@ -50,10 +50,13 @@ class Recorder:
 
     common: dict[str, Any]
     lines: list[dict[str, Any]] = field(default_factory=list)
+    # Per contender, what each of its lines also records (a revision's commit, a team's keys).
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, contender: str, metric: str, value: float, unit: str, **detail: Any) -> None:
         line = {
             **self.common,
+            **self.tags.get(contender, {}),
             "contender": contender,
             "metric": metric,
             "value": round(value, 4) if math.isfinite(value) else None,  # JSON has no NaN
@@ -252,34 +255,227 @@ def scaled_summary(rec: Recorder) -> str:
     return "\n".join([head, *lines])
 
 
-def summarise_profile(text: str, top: int = 20) -> str:
-    """py-spy's raw (collapsed) stacks -> the functions with the most samples of their own, and the
-    same by package (gateway, uvicorn, aiohttp, starlette, the standard library...)."""
-    own: dict[str, int] = {}
-    total: dict[str, int] = {}
-    packages: dict[str, int] = {}
-    samples = 0
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the comparison between gateways: a recorded metric, shown x `scale` in `unit`."""
+
+    label: str
+    metric: str
+    unit: str
+    scale: float
+    better: str  # "lower" or "higher"
+
+
+# The gateway's own cost in five figures: what `--against` compares between revisions.
+FIGURES = (
+    Figure("added latency, 1 client, p50", "latency_1_p50_added", "ms", 1, "lower"),
+    Figure("requests/s, 64 clients", "rps_64", "req/s", 1, "higher"),
+    Figure("CPU per request, 64 clients", "rps_64_cpu_ms", "us", 1000, "lower"),
+    Figure("added time to first token, 1 client, p50", "ttft_1_p50_added", "ms", 1, "lower"),
+    Figure("CPU per stream (64 chunks), 32 clients", "streams_32_cpu_ms", "us", 1000, "lower"),
+)
+CURRENT = "gateway"
+TEAM = "gateway+team"
+WITHIN = 0.10  # "the same figures with named keys and limits within 10 %"
+
+
+def ratio_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """(numerator, denominator) of each ratio: this checkout over each revision (`gateway@...`),
+    and the gateway with a team over the same without one."""
+    pairs = [(CURRENT, name) for name in names if name.startswith(CURRENT + "@")]
+    if TEAM in names:
+        pairs.append((TEAM, CURRENT))
+    return pairs
+
+
+def _ratio(rec: Recorder, figure: Figure, numerator: str, denominator: str) -> float | None:
+    top, bottom = rec.get(numerator, figure.metric), rec.get(denominator, figure.metric)
+    if top is None or bottom is None or bottom <= 0 or top < 0:
+        return None
+    return top / bottom
+
+
+def record_ratios(rec: Recorder, names: list[str]) -> None:
+    """Each figure's ratio as a JSON line `<metric>_ratio`, on the contender that is not this
+    checkout's plain gateway (the revision, or the gateway with a team)."""
+    for numerator, denominator in ratio_pairs(names):
+        owner = denominator if numerator == CURRENT else numerator
+        for figure in FIGURES:
+            ratio = _ratio(rec, figure, numerator, denominator)
+            if ratio is not None:
+                rec.add(
+                    owner,
+                    figure.metric + "_ratio",
+                    ratio,
+                    "x",
+                    of=numerator,
+                    to=denominator,
+                    better=figure.better,
+                )
+
+
+def worse_by(ratio: float, better: str) -> float:
+    """How much worse the numerator is, as a fraction (negative: better)."""
+    return ratio - 1 if better == "lower" else 1 / ratio - 1
+
+
+def _verdict(ratio: float, better: str) -> str:
+    change = worse_by(ratio, better)
+    return "level" if abs(change) < 0.005 else "worse" if change > 0 else "better"
+
+
+def comparison(rec: Recorder, names: list[str]) -> str:
+    """The five figures for every contender, and the ratio of each pair of gateways; empty when
+    the run had no second gateway."""
+    pairs = ratio_pairs(names)
+    if not pairs:
+        return ""
+    header = ["figure", "unit", "better", *names, *(f"{a} / {b}" for a, b in pairs)]
+    rows = [header]
+    for figure in FIGURES:
+        values = [rec.get(name, figure.metric) for name in names]
+        cells = [figure.label, figure.unit, figure.better]
+        cells += [_fmt(None if v is None else v * figure.scale, figure.unit) for v in values]
+        for numerator, denominator in pairs:
+            ratio = _ratio(rec, figure, numerator, denominator)
+            cells.append("-" if ratio is None else f"{ratio:.2f}x {_verdict(ratio, figure.better)}")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "the gateway against its other revisions"
+        + (" and with a team's keys and limits" if TEAM in names else "")
+        + ": each ratio is the first named over the second; 'better' says which way is better",
+        "",
+    ]
+    for n, cells in enumerate(rows):
+        padded = [
+            c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        lines.append("  ".join(padded).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if TEAM in names:
+        lines.append("\n" + team_verdict(rec))
+    return "\n".join(lines)
+
+
+def team_verdict(rec: Recorder) -> str:
+    """Whether the gateway with named keys and limits keeps within 10 % of itself without them."""
+    beyond = []
+    for figure in FIGURES:
+        ratio = _ratio(rec, figure, TEAM, CURRENT)
+        if ratio is None:
+            beyond.append(f"{figure.label} (not measured)")
+        elif worse_by(ratio, figure.better) > WITHIN:
+            beyond.append(f"{figure.label} ({100 * worse_by(ratio, figure.better):+.0f} %)")
+    within = f"{WITHIN * 100:.0f} %"
+    if not beyond:
+        return f"with named keys and limits: within {within} of the gateway without them on every figure"
+    return f"with named keys and limits: more than {within} worse on " + "; ".join(beyond)
+
+
+def _parse_stacks(text: str) -> list[tuple[list[str], int]]:
+    """py-spy's raw (collapsed) format: `frame;frame;... count` per line, the leaf last."""
+    stacks = []
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+        if stack and count.isdigit():
+            stacks.append((stack.split(";"), int(count)))
+    return stacks
+
+
+def _package(module: str) -> str:
+    """`gateway/pipeline/proxy.py` -> `gateway/pipeline` (a step of the request path);
+    `uvicorn/protocols/http/httptools_impl.py` -> `uvicorn`; `asyncio/events.py` -> `asyncio`."""
+    parts = module.split("/")
+    if parts[0] == "gateway" and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0].removesuffix(".py")
+
+
+def summarise_profile(text: str, top: int = 25) -> str:
+    """The functions with the most samples of their own (self time), grouped by module, each with
+    its share of all samples and the share of samples it was on the stack for (total); then the
+    self time by package (the gateway's by subpackage: the steps of a request)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for stack, n in _parse_stacks(text):
         samples += n
-        frames = [_frame(frame) for frame in stack.split(";")]
+        frames = [_frame(frame) for frame in stack]
         own[frames[-1]] = own.get(frames[-1], 0) + n
         for frame in set(frames):
             total[frame] = total.get(frame, 0) + n
-        package = frames[-1].rpartition("(")[2].split("/")[0].removesuffix(")").removesuffix(".py")
-        packages[package] = packages.get(package, 0) + n
     if not samples:
         return "no samples"
-    lines = [f"{'self %':>7} {'total %':>7}  function ({samples} samples of the gateway's busy time)"]
-    for frame, n in sorted(own.items(), key=lambda item: -item[1])[:top]:
-        lines.append(f"{100 * n / samples:7.1f} {100 * total[frame] / samples:7.1f}  {frame}")
+    modules: dict[str, int] = {}
+    packages: dict[str, int] = {}
+    for frame, n in own.items():
+        module = _module(frame)
+        modules[module] = modules.get(module, 0) + n
+        packages[_package(module)] = packages.get(_package(module), 0) + n
+    chosen = sorted(own.items(), key=lambda item: -item[1])[:top]
+    by_module: dict[str, list[tuple[str, int]]] = {}
+    for frame, n in chosen:
+        by_module.setdefault(_module(frame), []).append((frame, n))
+    share = sum(n for _, n in chosen)
+    lines = [
+        f"the top {len(chosen)} functions by self time ({100 * share / samples:.1f} % of {samples} samples"
+        " of the gateway's busy time), grouped by module",
+        f"{'self %':>7} {'total %':>7}  module (its self % over all its functions) / function",
+    ]
+    for module, functions in sorted(by_module.items(), key=lambda item: -modules[item[0]]):
+        lines.append(f"{100 * modules[module] / samples:7.1f} {'':>7}  {module}")
+        for frame, n in functions:
+            name = frame.partition(" (")[0]
+            lines.append(f"{100 * n / samples:7.1f} {100 * total[frame] / samples:7.1f}    {name}")
     lines.append(f"\n{'self %':>7}  package")
-    for package, n in sorted(packages.items(), key=lambda item: -item[1])[:12]:
+    for package, n in sorted(packages.items(), key=lambda item: -item[1])[:16]:
         lines.append(f"{100 * n / samples:7.1f}  {package}")
     return "\n".join(lines)
+
+
+def _module(frame: str) -> str:
+    return frame.partition(" (")[2].removesuffix(")") or "?"
+
+
+def to_speedscope(text: str, name: str) -> dict[str, Any]:
+    """py-spy's collapsed stacks as one speedscope `sampled` profile (weights: sample counts)."""
+    frames: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    samples: list[list[int]] = []
+    weights: list[int] = []
+    for stack, n in _parse_stacks(text):
+        indices = []
+        for frame in stack:
+            if frame not in index:
+                function, _, where = frame.partition(" (")
+                file, _, line = where.removesuffix(")").rpartition(":")
+                entry: dict[str, Any] = {"name": function, "file": file or where.removesuffix(")")}
+                if line.isdigit():
+                    entry["line"] = int(line)
+                index[frame] = len(frames)
+                frames.append(entry)
+            indices.append(index[frame])
+        samples.append(indices)
+        weights.append(n)
+    profile = {
+        "type": "sampled",
+        "name": name,
+        "unit": "none",
+        "startValue": 0,
+        "endValue": sum(weights),
+        "samples": samples,
+        "weights": weights,
+    }
+    return {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": frames},
+        "profiles": [profile],
+        "name": name,
+        "activeProfileIndex": 0,
+        "exporter": "bench.gateway",
+    }
 
 
 def _frame(frame: str) -> str:

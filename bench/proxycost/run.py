@@ -4,11 +4,13 @@ alternating rounds (latency, requests/s, streams/s, time to first token), memory
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,10 @@ from typing import Any
 from bench.proxycost.bodies import HOLD_BODY, STREAM_BODY
 from bench.proxycost.constants import CHAT, CHUNKS, DEFAULT_OUT
 from bench.proxycost.contenders import Contender, Lineup
-from bench.proxycost.host import CoreWatch, pin, rss_mb
+from bench.proxycost.host import BenchError, CoreWatch, pin, rss_mb
 from bench.proxycost.loadgen import call_child, child_argv, read_line
-from bench.proxycost.report import Recorder, percentile, summarise_profile
+from bench.proxycost.report import Recorder, percentile, summarise_profile, to_speedscope
+from bench.proxycost.revisions import Revision
 from bench.proxycost.wrk import WrkResult, run_wrk
 
 
@@ -41,18 +44,46 @@ class Bench(Lineup):
     """The lineup, measured: each phase runs over every contender and records into `rec`."""
 
     def __init__(
-        self, plan: Plan, use_nginx: bool, use_minimal: bool, profile: bool, recorder: Recorder
+        self,
+        plan: Plan,
+        use_nginx: bool,
+        use_minimal: bool,
+        profile: str | None,
+        recorder: Recorder,
+        with_team: bool = False,
+        revisions: Sequence[Revision] = (),
+        profile_dir: Path = DEFAULT_OUT.parent,
     ) -> None:
-        super().__init__(use_nginx, use_minimal)
+        super().__init__(use_nginx, use_minimal, with_team, revisions)
         self.plan = plan
         self.profile = profile
+        self.profiled: Contender | None = None
+        self.profile_dir = profile_dir
         self.rec = recorder
+
+    def start(self) -> None:
+        super().start()
+        self.rec.tags.update(self.tags)
+        if self.profile is not None:
+            self.profiled = self._profiled(self.profile)
+
+    def _profiled(self, which: str) -> Contender:
+        """The gateway contender `--profile` names: by its name, or a revision by what was given
+        to --against or a prefix of its commit."""
+        for contender in self.contenders:
+            if contender.gateway and contender.name == which:
+                return contender
+        for revision in self.revisions:
+            if which == revision.rev or (len(which) >= 4 and revision.commit.startswith(which)):
+                return next(c for c in self.contenders if c.name == revision.name)
+        names = ", ".join(c.name for c in self.contenders if c.gateway)
+        raise BenchError(f"--profile {which}: not a gateway of this run ({names})")
 
     def warm_up(self) -> None:
         seconds = 1 if self.plan.quick else 2
         for contender in self.contenders:
-            run_wrk(contender.url(), self.scripts["small"], 64, seconds)
-            run_wrk(contender.url(), self.scripts["stream"], 32, 1)
+            run_wrk(contender.url(), contender.scripts["small"], 64, seconds)
+            run_wrk(contender.url(), contender.scripts["stream"], 32, 1)
 
     def check_streams(self) -> None:
         """Each contender's stream carries the 64 chunks and ends with [DONE], as curl sees it (the
@@ -61,6 +92,8 @@ class Bench(Lineup):
         for contender in self.contenders:
             if curl:
                 argv = [curl, "-sSN", "--max-time", "10", "-H", "content-type: application/json"]
+                for header, text in contender.headers.items():
+                    argv += ["-H", f"{header}: {text}"]
                 out = subprocess.run(
                     [*argv, "--data-binary", "@-", contender.url()],
                     input=STREAM_BODY,
@@ -72,6 +105,7 @@ class Bench(Lineup):
                 done = out.rstrip().endswith(b"data: [DONE]")
             else:  # the ttft client, one stream
                 params = {"port": contender.port, "path": CHAT, "body": STREAM_BODY.decode()}
+                params["headers"] = contender.headers
                 answer = call_child("ttft", {**params, "count": 1, "warmup": 0}, 30, contender.name)
                 chunks, done = answer["chunks"][0], True
             self.rec.add(
@@ -101,6 +135,7 @@ class Bench(Lineup):
                     "body": STREAM_BODY.decode(),
                     "count": plan.ttft_requests,
                     "warmup": 20,
+                    "headers": contender.headers,
                 }
                 answer = call_child("ttft", params, 120, contender.name)
                 ttft.setdefault(contender.name, []).append(answer["ttft_ms"])
@@ -112,7 +147,7 @@ class Bench(Lineup):
         """One wrk run, with the proxy's CPU time meanwhile (a figure that noise from other
         processes on the machine barely moves, unlike requests/s)."""
         watch = CoreWatch(contender.pid) if contender.pid else None
-        result = run_wrk(contender.url(), self.scripts[script], connections, self.plan.duration)
+        result = run_wrk(contender.url(), contender.scripts[script], connections, self.plan.duration)
         if watch:
             result.cpu_s, result.others = watch.measure()
         return result
@@ -198,7 +233,7 @@ class Bench(Lineup):
             time.sleep(0.5)
             self.rec.add(name, "rss_idle_mb", rss_mb(pid), "MB")
             # Growth: RSS after a warm-up of N varied requests, then after 10 x N more.
-            load = {"port": contender.port, "path": CHAT, "connections": 8}
+            load = {"port": contender.port, "path": CHAT, "connections": 8, "headers": contender.headers}
             first = call_child("load", {**load, "count": plan.growth_warmup}, 300, name)
             time.sleep(0.5)
             before = rss_mb(pid)
@@ -220,6 +255,7 @@ class Bench(Lineup):
             # Open streams, each read up to its first event and then held open.
             params = {"port": contender.port, "path": contender.hold_path, "body": HOLD_BODY.decode()}
             params["count"] = plan.streams
+            params["headers"] = contender.headers
             holder = self.procs.start(
                 "streams", child_argv("hold", params), stdin=subprocess.PIPE, stdout=subprocess.PIPE
             )
@@ -255,7 +291,7 @@ class Bench(Lineup):
         results: dict[str, dict[str, Any]] = {}
         for contender in self.contenders:
             probe = None
-            if contender is self.gateway:
+            if contender.gateway:
                 probe = self.procs.start(
                     "probe",
                     child_argv("probe", {"port": contender.port, "limit_s": 300}),
@@ -267,7 +303,10 @@ class Bench(Lineup):
             watch = CoreWatch(contender.pid) if contender.pid else None
             try:
                 results[contender.name] = call_child(
-                    "bodies", {**params, "port": contender.port}, 300, contender.name
+                    "bodies",
+                    {**params, "port": contender.port, "headers": contender.headers},
+                    300,
+                    contender.name,
                 )
             finally:
                 if probe is not None:
@@ -327,9 +366,13 @@ class Bench(Lineup):
                 )
 
     def profile_gateway(self) -> None:
-        """py-spy on the gateway during an extra rps_64 run (not counted): top functions."""
+        """py-spy on one gateway (this checkout's unless `--profile` names another) during an extra
+        rps_64 run (not counted): its busy time by function and module on stdout, the stacks in two
+        files beside the JSON lines: collapsed stacks (`gateway-profile.txt`, for flamegraph.pl or
+        speedscope) and a speedscope profile (`gateway-profile.speedscope.json`, for speedscope.app)."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if self.gateway is None or not Path(spy).exists():
+        target = self.profiled
+        if target is None or not Path(spy).exists():
             print("py-spy not found: no profile", file=sys.stderr)
             return
         seconds = max(self.plan.duration, 5)
@@ -337,16 +380,23 @@ class Bench(Lineup):
         spy_argv = [*pin(1), spy, "record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(raw)]
         recorder = self.procs.start(
             "py-spy",
-            [*spy_argv, "-d", str(seconds + 1), "-p", str(self.gateway.pid)],
+            [*spy_argv, "-d", str(seconds + 1), "-p", str(target.pid)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self._file("py-spy.err"),
         )
         time.sleep(0.5)
-        result = run_wrk(self.gateway.url(), self.scripts["small"], 64, seconds)
+        result = run_wrk(target.url(), target.scripts["small"], 64, seconds)
         recorder.wait(timeout=60)
-        if raw.exists():
-            out = DEFAULT_OUT.parent / "gateway-profile.txt"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(raw, out)
-            print(f"\nprofile during rps_64 ({result.rps:.0f} req/s under py-spy), raw stacks in {out}:")
-            print(summarise_profile(raw.read_text()))
+        if not raw.exists() or not raw.read_text().strip():
+            error = (self.tmp / "py-spy.err").read_text().strip()[-1000:]
+            print(f"py-spy recorded nothing (status {recorder.returncode}): {error}", file=sys.stderr)
+            return
+        text = raw.read_text()
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        collapsed = self.profile_dir / "gateway-profile.txt"
+        speedscope = self.profile_dir / "gateway-profile.speedscope.json"
+        collapsed.write_text(text)
+        speedscope.write_text(json.dumps(to_speedscope(text, f"{target.name}, rps_64 under py-spy")))
+        print(f"\nprofile of {target.name} during rps_64 ({result.rps:.0f} req/s under py-spy):")
+        print(f"stacks in {speedscope} and {collapsed}")
+        print(summarise_profile(text, top=25))

@@ -38,13 +38,16 @@ class WrkResult:
         return None if self.cpu_s is None else self.cpu_s / self.seconds
 
 
-def wrk_script(tmp: Path, name: str, body: bytes) -> Path:
+def wrk_script(tmp: Path, name: str, body: bytes, headers: dict[str, str] | None = None) -> Path:
+    """A POST of `body` with its content type and `headers` (the team's key), on every request."""
     text = body.decode()
     assert "]==]" not in text
+    lines = ['wrk.method = "POST"', 'wrk.headers["Content-Type"] = "application/json"']
+    for header, value in (headers or {}).items():
+        assert not {'"', "\\", "\n"} & set(header + value)  # a plain Lua string literal
+        lines.append(f'wrk.headers["{header}"] = "{value}"')
     path = tmp / f"{name}.lua"
-    path.write_text(
-        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = [==[{text}]==]\n'
-    )
+    path.write_text("\n".join([*lines, f"wrk.body = [==[{text}]==]", ""]))
     return path
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.answers.changes import Changes
+from gateway.answers.tool_repair import tool_calls
 from gateway.dialects.answer import Answer, as_int
 from gateway.dialects.base import (
     MAX_RETRY_HINT,
@@ -32,6 +33,7 @@ from gateway.dialects.openai import (
     read_openai_error,
     template_thinking_off,
 )
+from gateway.dialects.tool_history import tool_history
 from gateway.errors import ContextExceeded, GatewayError
 
 # The error types Anthropic's SDKs map to their exception classes, by HTTP status.
@@ -203,6 +205,9 @@ class AnthropicDialect(Dialect):
             dropped = [name for name in ANTHROPIC_ONLY if body.pop(name, None) is not None]
             if dropped:
                 notes.append(("anthropic_only_fields", "dropped=" + "+".join(dropped)))
+        notes += tool_history(body, "messages", strict="tool_pairing" in wanted)
+        if changes is not None:
+            tool_calls(body, changes, "messages", repair="tool_call_repair" in wanted)
         return notes
 
 

@@ -12,8 +12,11 @@ from typing import Any
 
 import orjson
 
+from gateway.answers.changes import Changes
+from gateway.answers.tool_repair import tool_calls
 from gateway.dialects.answer import Answer, as_int, as_str
 from gateway.dialects.base import Dialect, Note, optional, part_types, require_list
+from gateway.dialects.tool_history import tool_history
 from gateway.errors import BadRequest, ContextExceeded, GatewayError
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -112,6 +115,14 @@ class OpenAIDialect(Dialect):
 
     def thinks(self, body: dict[str, Any]) -> bool:
         return super().thinks(body) and body.get("reasoning_effort") != "none"
+
+    def fixes(
+        self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
+    ) -> list[Note]:
+        notes = tool_history(body, "chat", strict="tool_pairing" in wanted)
+        if changes is not None:
+            tool_calls(body, changes, "chat", repair="tool_call_repair" in wanted)
+        return notes
 
     def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
         fixed = fix_thinking_kwarg(body)

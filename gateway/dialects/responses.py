@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.answers.changes import Changes
+from gateway.answers.tool_repair import tool_calls
 from gateway.dialects.answer import Answer, as_int, as_str
 from gateway.dialects.base import MAX_RETRY_HINT, Dialect, ErrorReply, Note, optional, part_types
 from gateway.dialects.codex import codex_tools, reasoning_replay
@@ -28,6 +29,7 @@ from gateway.dialects.openai import (
     read_openai_error,
     template_thinking_off,
 )
+from gateway.dialects.tool_history import tool_history
 from gateway.errors import BadRequest, ContextExceeded, GatewayError
 
 _FINAL = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b'"response.created"')
@@ -193,6 +195,9 @@ class ResponsesDialect(Dialect):
             notes += system_items_in_turns(body)
         if "unknown_tool_types" in wanted:
             notes += unknown_tool_types(body)
+        notes += tool_history(body, "responses", strict="tool_pairing" in wanted)
+        if changes is not None:
+            tool_calls(body, changes, "responses", repair="tool_call_repair" in wanted)
         return notes
 
 

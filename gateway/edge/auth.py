@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 
 from gateway.edge.reject import Recorder, reject
-from gateway.errors import Unauthorized
+from gateway.errors import GatewayError, Unauthorized
 from gateway.fleet.stored import NOBODY, OPEN_OWNER, Owner
 from gateway.team.keys import ANONYMOUS, OPEN, Identity, Keyring
-from gateway.types import ASGIApp, Receive, Scope, Send
+from gateway.types import ASGIApp, Receive, Scope, Send, header_map
 
 # The status page itself holds no data (it asks for the key and sends it with /ui/state).
 # `/` answers Claude Code's HEAD probe, which it sends without a key.
@@ -37,18 +37,15 @@ def is_admin(identity: Identity, *, open_mode: bool, anonymous_admin: bool) -> b
     return anonymous_admin and identity.name == ANONYMOUS
 
 
-def presented_key(scope: Scope) -> str | None:
+def presented_key(headers: dict[str, str]) -> str | None:
     """The key as the client sent it: a bearer token, else `x-api-key`."""
-    api_key: str | None = None
-    for name, value in scope["headers"]:
-        text: str = value.decode("latin-1")
-        if name == b"authorization":
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-        elif name == b"x-api-key" and text.strip():
-            api_key = text.strip()
-    return api_key
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    api_key = headers.get("x-api-key", "").strip()
+    return api_key or None
 
 
 class KeyAuth:
@@ -73,29 +70,33 @@ class KeyAuth:
         self.anonymous_admin = anonymous_admin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = self.identify(scope, header_map(scope)) if scope["type"] == "http" else None
+        if error is None:
+            await self.app(scope, receive, send)
+        else:
+            await reject(scope, send, error, self.record, self.clock())
+
+    def identify(self, scope: Scope, headers: dict[str, str]) -> GatewayError | None:
+        """Names the caller in `scope` (identity, owner, client); the refusal when it may not pass."""
         keyring = self.keyring()
-        if scope["type"] != "http" or not keyring or scope["path"] in PUBLIC_PATHS:
-            if scope["type"] == "http":
-                scope["gateway.identity"] = OPEN
-                scope["gateway.owner"] = OPEN_OWNER if not keyring else NOBODY
-            await self.app(scope, receive, send)
-            return
-        token = presented_key(scope)
+        if not keyring or scope["path"] in PUBLIC_PATHS:
+            scope["gateway.identity"] = OPEN
+            scope["gateway.owner"] = OPEN_OWNER if not keyring else NOBODY
+            return None
+        token = presented_key(headers)
         identity = keyring.identify(token) if token is not None else None
-        if token is not None and identity is not None:
-            scope["gateway.identity"] = identity
-            admin = is_admin(identity, open_mode=False, anonymous_admin=self.anonymous_admin)
-            if identity.name == ANONYMOUS:
-                # Plain keys share one identity; what they keep stays each key's own.
-                digest = hashlib.sha256(token.encode()).hexdigest()
-                # Who the client is, for per-client figures (prefix churn), without keeping the key.
-                scope["gateway.client"] = "key:" + digest[:8]
-                scope["gateway.owner"] = Owner("anon:" + digest[:32], admin)
-            else:
-                scope["gateway.client"] = f"key:{identity.name}"
-                scope["gateway.owner"] = Owner(f"key:{identity.name}", admin)
-            await self.app(scope, receive, send)
-            return
-        message = "Missing API key" if token is None else "Invalid API key"
-        error = Unauthorized(f"{message}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
-        await reject(scope, send, error, self.record, self.clock())
+        if token is None or identity is None:
+            message = "Missing API key" if token is None else "Invalid API key"
+            return Unauthorized(f"{message}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
+        scope["gateway.identity"] = identity
+        admin = is_admin(identity, open_mode=False, anonymous_admin=self.anonymous_admin)
+        if identity.name == ANONYMOUS:
+            # Plain keys share one identity; what they keep stays each key's own.
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            # Who the client is, for per-client figures (prefix churn), without keeping the key.
+            scope["gateway.client"] = "key:" + digest[:8]
+            scope["gateway.owner"] = Owner("anon:" + digest[:32], admin)
+        else:
+            scope["gateway.client"] = f"key:{identity.name}"
+            scope["gateway.owner"] = Owner(f"key:{identity.name}", admin)
+        return None

@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection
 
 from gateway.edge.reject import Recorder, reject
 from gateway.errors import Forbidden, GatewayError, UnsupportedMediaType
-from gateway.types import ASGIApp, Receive, Scope, Send
+from gateway.types import ASGIApp, Receive, Scope, Send, header_map
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 # The content types a browser sends cross-site without a preflight (the Fetch standard's list).
@@ -100,20 +100,17 @@ class BrowserGuard:
         await self.app(scope, receive, send)
 
     def refusal(self, scope: Scope) -> GatewayError | None:
-        host = content_type = ""
-        origin: str | None = None
-        has_body = False
-        for name, value in scope["headers"]:
-            if name == b"host":
-                host = value.decode("latin-1")
-            elif name == b"content-type":
-                content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
-            elif name == b"origin":
-                origin = value.decode("latin-1").strip().lower()
-            elif name == b"transfer-encoding" or (
-                name == b"content-length" and value.strip() not in (b"", b"0")
-            ):
-                has_body = True
+        return self.refusal_of(scope["method"], header_map(scope))
+
+    def refusal_of(self, method: str, headers: dict[str, str]) -> GatewayError | None:
+        """The refusal of a request with these headers (lower-case names), or None."""
+        host = headers.get("host", "")
+        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        origin = headers.get("origin")
+        if origin is not None:
+            origin = origin.strip().lower()
+        length = headers.get("content-length", "").strip()
+        has_body = "transfer-encoding" in headers or length not in ("", "0")
         if self.check_host and host_name(host) not in self.hosts:
             return Forbidden(
                 "This gateway does not serve that Host name; list it in GATEWAY_ALLOWED_HOSTS "
@@ -128,7 +125,6 @@ class BrowserGuard:
                 "in GATEWAY_CORS_ORIGINS (or set GATEWAY_API_KEYS)",
                 code="origin_not_allowed",
             )
-        method = scope["method"]
         # No Content-Type at all is what a page's fetch() with an untyped Blob sends, without a
         # preflight: a POST with a body must say it is JSON. A bodyless POST (an admin action, a
         # stored answer's cancel) carries nothing a page could smuggle, and the Origin check above

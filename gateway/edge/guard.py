@@ -10,11 +10,20 @@ import time
 from collections.abc import Callable
 
 from gateway.edge.reject import Recorder, reject
-from gateway.errors import HeadersTooLarge
+from gateway.errors import GatewayError, HeadersTooLarge
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 
+def headers_error(headers: list[tuple[bytes, bytes]], max_bytes: int, max_count: int) -> GatewayError | None:
+    """The refusal of a head past the field or byte limit, or None."""
+    if len(headers) > max_count or sum(len(k) + len(v) for k, v in headers) > max_bytes:
+        return HeadersTooLarge(f"Request headers exceed the limit of {max_count} fields or {max_bytes} bytes")
+    return None
+
+
 class HeaderLimits:
+    """The limits as ASGI middleware, for an app without the gateway's own edge (edge/door.py)."""
+
     def __init__(
         self,
         app: ASGIApp,
@@ -31,11 +40,8 @@ class HeaderLimits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = scope["headers"]
-            if len(headers) > self.max_count or sum(len(k) + len(v) for k, v in headers) > self.max_bytes:
-                error = HeadersTooLarge(
-                    f"Request headers exceed the limit of {self.max_count} fields or {self.max_bytes} bytes"
-                )
+            error = headers_error(scope["headers"], self.max_bytes, self.max_count)
+            if error is not None:
                 await reject(scope, send, error, self.record, self.clock())
                 return
         await self.app(scope, receive, send)

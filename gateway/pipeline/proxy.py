@@ -10,77 +10,57 @@ asked of the endpoint's dialect. `Responder` (relay/respond.py) alone writes to 
 knows what went out; `Exchange` (ops/exchange.py) is the record the steps fill in, read once at the
 end by metrics, the access log, the status page and the key's usage.
 
-A watcher beside each request (disconnect.py) cancels it when its client leaves, in any phase, and
-cancellation closes the upstream connection: vLLM aborts the request, llama-server frees the slot.
+Around the steps, frame.py records the request once, watches for its client leaving (disconnect.py:
+cancellation closes the upstream connection, so vLLM aborts and llama-server frees the slot) and
+turns a failure into the client's reply.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import itertools
 import logging
-import os
-import re
-import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.answers.assemble import assembler_for
-from gateway.dialects.answer import TRAP_WARNING
+from gateway.dialects import tool_schemas
 from gateway.dialects.registry import WHOLE_AS_STREAM, Endpoint
-from gateway.errors import (
-    ContextExceeded,
-    GatewayBug,
-    GatewayError,
-    GatewayTimeout,
-    NotFound,
-    UpstreamFailure,
-)
-from gateway.fleet.replicas import Fleet, Replica
+from gateway.errors import ContextExceeded, GatewayError, GatewayTimeout, NotFound, UpstreamFailure
+from gateway.fleet.replicas import Replica
 from gateway.fleet.stored import Owner, StoredResponses
 from gateway.ops.exchange import Exchange
-from gateway.pipeline.attempts import Attempt, Dispatcher, Lifecycle, RetryBudget, finish
+from gateway.pipeline.attempts import Attempt, Dispatcher, RetryBudget, finish
 from gateway.pipeline.blobs import Blobs
 from gateway.pipeline.body import ClientGone, parse, read_request
-from gateway.pipeline.disconnect import watching
 from gateway.pipeline.fallback import Fallbacks, patience
+from gateway.pipeline.frame import Context, Frame
 from gateway.pipeline.prefix import PrefixStep
 from gateway.pipeline.rewrite import Plan, check_request, rewrite
+from gateway.pipeline.server_rounds import serve_rounds
 from gateway.pipeline.tokens import prompt_tokens, reservation
+from gateway.pipeline.tool_images import ToolImages
 from gateway.relay.keepalive import KeepAlive
-from gateway.relay.replica_errors import relay_replica_error
+from gateway.relay.replica_errors import ERROR_BODY_LIMIT, relay_replica_error
 from gateway.relay.respond import Responder
 from gateway.relay.stream import relay_stream
 from gateway.relay.whole import relay_assembled, relay_whole
 from gateway.routing.fallback import estimate_tokens
 from gateway.routing.route import route
 from gateway.routing.table import Preset
-from gateway.settings import Settings
-from gateway.team.keys import OPEN
-from gateway.team.team import Team
-from gateway.types import Receive, Scope, Send
-from gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from gateway.servertools import loop as server_tools
+from gateway.types import Receive, Scope, Send, header_map
+from gateway.upstream import UpstreamError, UpstreamResponse
 
-Recorder = Callable[[Exchange], None]
 log = logging.getLogger("gateway.pipeline.proxy")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-@dataclass
-class Context:
-    """What the request path needs from the running gateway."""
+class _Loosened(Exception):
+    """An engine refused the tool schemas: the body to send once more (dialects/tool_schemas.py)."""
 
-    settings: Settings
-    fleet: Callable[[], Fleet]
-    client: UpstreamClient
-    record: Recorder
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    clock: Callable[[], float] = time.monotonic
-    lifecycle: Lifecycle | None = None  # the supervisor of launched replicas
-    team: Team = field(default_factory=Team.solo)  # keys, limits and usage
+    def __init__(self, body: dict[str, Any], note: tuple[str, str]) -> None:
+        super().__init__("tool schemas refused")
+        self.body, self.note = body, note
 
 
 @dataclass
@@ -112,16 +92,16 @@ class Proxy:
             pools=lambda name: context.fleet().pools.get(name),
             lifecycle=context.lifecycle,
         )
+        self.frame = Frame(context, self.budget)
         self.prefixes = PrefixStep()
+        self.tool_images = ToolImages(context.describe)
         self.stored = StoredResponses(per_owner=context.settings.stored_per_key)
-        # Request ids: random per process, then a counter; cheaper than a uuid per request.
-        self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
     async def handle(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        ex = self.exchange(endpoint, scope, headers)
+        headers = scope.get("gateway.headers") or header_map(scope)  # read once, at the edge
+        ex = self.frame.exchange(endpoint, scope, headers)
         responder = Responder(send, ex, endpoint.dialect, self.ctx.clock)
-        with self.recorded(ex):
+        with self.frame.recorded(ex):
             try:
                 raw = await read_request(receive, headers, self.ctx.settings)
             except ClientGone:
@@ -132,7 +112,7 @@ class Proxy:
                 await responder.fail(error)
                 return
             steps = self._steps(endpoint, headers, raw, ex, responder)
-            await self._watched(receive, responder, self.serve(responder, steps))
+            await self.frame.watched(receive, responder, self.frame.serve(responder, steps))
 
     async def _steps(
         self,
@@ -205,22 +185,46 @@ class Proxy:
     async def _serve_preset(self, call: Call, preset: Preset, ticket: int | None, tokens: int) -> None:
         """Rewrite, prefix, attempts and relay, for one preset."""
         ex, endpoint = call.ex, call.endpoint
+        table = self.ctx.fleet().table
         plan = rewrite(call.body, preset, endpoint, want_usage=True)
+        if "tool_images" in preset.compat:
+            plan.notes += await self.tool_images.apply(
+                plan.body, call.blobs, vision=preset.vision, can_describe=table.images is not None
+            )
+        server = server_tools.plan(call.body, endpoint.name, table.server_tools)
+        if server is not None:
+            server_tools.prepare(plan.body, server)
         ex.rewrites[:] = plan.notes
         ex.stream = plan.stream
         key = self.prefixes.apply(plan.body, ex, preset, call.headers)
+        attempt = self._attempt(call, preset, plan, ticket, tokens, key)
+        if server is not None:
+            await serve_rounds(self, call, preset, plan, server, attempt)
+            return
+        try:
+            await self.send_and_relay(attempt, plan, call.responder)
+        except _Loosened as refusal:  # once: the plan now says so, and the retry cannot raise it
+            plan.body, plan.loosened = refusal.body, True
+            ex.rewrites.append(refusal.note)
+            await self.send_and_relay(
+                self._attempt(call, preset, plan, ticket, tokens, key), plan, call.responder
+            )
+
+    def _attempt(
+        self, call: Call, preset: Preset, plan: Plan, ticket: int | None, tokens: int, key: str | None
+    ) -> Attempt:
         attempt = Attempt(
-            ex,
+            call.ex,
             self.ctx.fleet().pools[preset.name],
-            endpoint,
+            call.endpoint,
             plan.body,
             call.size,
             self.ctx.clock() + preset.timeouts.read,
             key=key,
             blobs=call.blobs,
-            forward=[(name, call.headers[name]) for name in endpoint.forward if name in call.headers],
-            pinned=self._pinned(plan.body, preset, ex.owner),
-            batch=ex.priority == "batch",
+            forward=[(name, call.headers[name]) for name in call.endpoint.forward if name in call.headers],
+            pinned=self._pinned(plan.body, preset, call.ex.owner),
+            batch=call.ex.priority == "batch",
             shared_ticket=ticket,
             patience=call.patience,
             prompt_tokens=tokens,
@@ -228,9 +232,9 @@ class Proxy:
         )
         if plan.stream:
             attempt.on_load_wait = functools.partial(call.responder.loading, preset.name)
-        elif endpoint.streams and assembler_for(endpoint.name) is not None:
+        elif call.endpoint.streams and assembler_for(call.endpoint.name) is not None:
             attempt.as_stream = WHOLE_AS_STREAM
-        await self.send_and_relay(attempt, plan, call.responder)
+        return attempt
 
     async def send_and_relay(self, attempt: Attempt, plan: Plan, responder: Responder) -> None:
         ex, preset, settings = attempt.ex, attempt.pool.preset, self.ctx.settings
@@ -281,7 +285,14 @@ class Proxy:
                 if keepalive is not None:
                     await keepalive.stop()
                 key = replica.api_key()
-                await relay_replica_error(responder, response, (key,) if key else ())
+                data = None
+                if response.status == 400 and "tool_schemas" in preset.compat and not plan.loosened:
+                    data = await response.read(ERROR_BODY_LIMIT)
+                    message = tool_schemas.message_of(data)
+                    loose = tool_schemas.loosen(plan.body, replica.engine, message)
+                    if loose is not None:
+                        raise _Loosened(*loose)
+                await relay_replica_error(responder, response, (key,) if key else (), data)
             elif plan.stream:
                 await relay_stream(
                     responder,
@@ -325,82 +336,6 @@ class Proxy:
             else:
                 await finish(response, attempt.release, replica)
 
-    async def serve(self, responder: Responder, steps: Coroutine[Any, Any, None]) -> None:
-        """Runs the steps; a failure before a replica's answer started becomes the gateway's reply,
-        one after a stream started ends that stream with the dialect's error event."""
-        ex = responder.ex
-        try:
-            await steps
-        except GatewayError as error:
-            if responder.started and not responder.opened:
-                await _cut(responder, error, error.message, str(error.code))
-                return
-            if isinstance(error, GatewayBug):
-                # One line with the cause for the operator; the client gets the envelope only.
-                log.error(
-                    "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
-                )
-            if responder.opened or ex.outcome == "completed":
-                ex.outcome = "upstream_error" if ex.attempts else "rejected"
-            await responder.fail(error)
-        except Exception as exc:
-            log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
-            if responder.started and not responder.opened:
-                await _cut(
-                    responder,
-                    exc,
-                    f"The gateway failed on this request; request {ex.request_id}",
-                    "internal_error",
-                )
-                return
-            ex.outcome = "rejected"
-            await responder.fail(GatewayBug(f"The gateway failed on this request; request {ex.request_id}"))
-
-    async def _watched(self, receive: Receive, responder: Responder, work: Coroutine[Any, Any, None]) -> None:
-        """Runs `work` while watching for the client leaving; says so in the record when it does."""
-        ex = responder.ex
-        with watching(receive) as presence:
-            try:
-                await work
-            except asyncio.CancelledError:
-                if not presence.client_left:
-                    # The server is stopping and the drain period is over: say so rather than go silent.
-                    with contextlib.suppress(Exception):
-                        await responder.shutdown()
-                    raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                ex.outcome = "client_disconnected"
-                ex.disconnect_phase = "streaming" if responder.started else "waiting"
-
-    @contextlib.contextmanager
-    def recorded(self, ex: Exchange) -> Any:
-        """Counts the request as active while it runs and records it once when it ends."""
-        self.budget.active += 1
-        try:
-            yield
-        finally:
-            self.budget.active -= 1
-            if ex.finished is None:
-                ex.finished = self.ctx.clock()
-            if ex.answer.thinking_trap:
-                ex.warnings.append(("thinking_trap", TRAP_WARNING))
-            self.ctx.record(ex)
-
-    def exchange(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Exchange:
-        given_id = headers.get("x-request-id")
-        client = scope.get("client")
-        tool = scope.get("gateway.tool")  # an MCP tool call, run in process on this path
-        return Exchange(
-            request_id=given_id if given_id and _REQUEST_ID.match(given_id) else next(self._ids),
-            endpoint="mcp" if tool else endpoint.name,
-            tool=tool or "",
-            started=self.ctx.clock(),
-            client=client[0] if client else "",
-            client_id=scope.get("gateway.client") or (f"ip:{client[0]}" if client else "ip:unknown"),
-            identity=scope.get("gateway.identity") or OPEN,
-            owner=Owner.of(scope),
-        )
-
     def _pinned(self, body: dict[str, Any], preset: Preset, owner: Owner) -> str | None:
         """A request that continues a stored response goes to the replica that holds it."""
         previous = body.get("previous_response_id")
@@ -410,18 +345,6 @@ class Proxy:
 
 def _is_stream(response: UpstreamResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
-
-
-async def _cut(responder: Responder, error: Exception, message: str, code: str) -> None:
-    """A failure after a replica's answer started: a stream ends with the dialect's error event
-    (never silently: a client cannot tell a cut stream from a short answer otherwise); a whole
-    answer already on its way cannot be mended, and the connection is closed."""
-    ex = responder.ex
-    ex.outcome, ex.error_code = "upstream_error", code
-    if not ex.stream:
-        raise error
-    with contextlib.suppress(Exception):
-        await responder.end(message, code)
 
 
 def _counted_by(error: GatewayError, tokens: int) -> int:

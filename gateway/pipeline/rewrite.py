@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.answers.changes import Changes
+from gateway.dialects import tool_schemas
 from gateway.dialects.base import Note
 from gateway.dialects.openai import OPENAI
 from gateway.dialects.registry import BY_NAME, Endpoint
@@ -40,6 +41,7 @@ class Plan:
     usage_injected: bool = False
     budget_explicit: bool = False  # the client set its own token budget
     notes: list[Note] = field(default_factory=list)
+    loosened: bool = False  # the tool schemas were sent once more without constraints (tool_schemas)
     changes: Changes = field(default_factory=Changes)  # to the answer, by what was changed here
 
 
@@ -83,6 +85,8 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
     # vLLM answers 404 to any name but its --served-model-name; llama-server ignores it.
     body["model"] = preset.served_model
     plan.notes += dialect.fixes(body, preset.compat, plan.changes)
+    if "tool_schemas" in preset.compat:
+        plan.notes += tool_schemas.fix(body, engines(preset))
     if spec.thinks:
         plan.notes += dialect.thinking(body, preset.thinking, preset.thinking_override)
     if spec.budget:
@@ -98,6 +102,14 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         plan.usage_injected = True
     return plan
+
+
+def engines(preset: Preset) -> frozenset[str]:
+    """The engines a preset's replicas run (a discovered preset's included)."""
+    found = {replica.engine for replica in preset.replicas}
+    if preset.discover is not None:
+        found.add(preset.discover.engine)
+    return frozenset(found)
 
 
 def _budget(body: dict[str, Any], preset: Preset, plan: Plan, spec: Endpoint) -> None:

@@ -10,7 +10,7 @@ from gateway.pipeline.attempts import Attempt
 from gateway.pipeline.proxy import Proxy
 from gateway.pipeline.rewrite import Plan
 from gateway.relay.respond import Responder
-from gateway.types import Receive, Scope, Send
+from gateway.types import Receive, Scope, Send, header_map
 
 
 class StoredAnswers:
@@ -21,10 +21,10 @@ class StoredAnswers:
 
     async def handle(self, response_id: str, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.proxy
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        ex = proxy.exchange(STORED, scope, headers)
+        headers = scope.get("gateway.headers") or header_map(scope)
+        ex = proxy.frame.exchange(STORED, scope, headers)
         responder = Responder(send, ex, STORED.dialect, proxy.ctx.clock)
-        with proxy.recorded(ex):
+        with proxy.frame.recorded(ex):
             # Another key's answer is as unknown as one never stored (an admin key sees all).
             where = proxy.stored.find(response_id, ex.owner)
             pool = proxy.ctx.fleet().pools.get(where[0]) if where is not None else None
@@ -49,6 +49,6 @@ class StoredAnswers:
             attempt = Attempt(
                 ex, pool, STORED, {}, 0, deadline, pinned=where[1], method=scope["method"], path=scope["path"]
             )
-            await proxy.serve(responder, proxy.send_and_relay(attempt, Plan(False, False), responder))
+            await proxy.frame.serve(responder, proxy.send_and_relay(attempt, Plan(False, False), responder))
             if scope["method"] == "DELETE" and ex.status == 200:
                 proxy.stored.forget(response_id, ex.owner)

@@ -62,14 +62,15 @@ def scrub(message: str, secrets: tuple[str, ...] = ()) -> str:
 
 
 async def relay_replica_error(
-    responder: Responder, response: UpstreamResponse, secrets: tuple[str, ...]
+    responder: Responder, response: UpstreamResponse, secrets: tuple[str, ...], data: bytes | None = None
 ) -> None:
     """A replica's answer with a status of 300 or more: its 4xx reaches the client with status and
     message kept; a redirect or a 5xx becomes the gateway's own failure (raised); a prompt the
     engine found too long is raised as ContextExceeded with the engine's own count, so that a
     fallback preset may take it, or the client hears it in its agent's words."""
     ex = responder.ex
-    data = await response.read(ERROR_BODY_LIMIT)
+    if data is None:  # the caller may have read it already (the tool_schemas retry)
+        data = await response.read(ERROR_BODY_LIMIT)
     if response.status < 400:
         raise UpstreamFailure("The replica answered with a redirect, which the gateway does not follow")
     if response.status >= 500:

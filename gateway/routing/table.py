@@ -7,6 +7,7 @@ never meets a half-valid table.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -18,13 +19,13 @@ from urllib.parse import urlsplit
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.errors import BadRequest, ModelNotFound, UnknownTask
 from gateway.team.keys import KeySpec
 
 Engine = Literal["vllm", "llamacpp"]
-Policy = Literal["round_robin", "least_busy", "prefix_affinity"]
+Policy = Literal["round_robin", "least_busy", "prefix_affinity", "session"]
 Volatile = Literal["off", "warn", "move", "strip"]
 RouteReason = Literal["model", "alias", "pattern", "task", "images", "default", "capability"]
 # Named rewrites for what agents send and local engines or chat templates reject (dialects/).
@@ -36,6 +37,10 @@ Fix = Literal[
     "codex_tools",
     "reasoning_replay",
     "unknown_tool_types",
+    "tool_schemas",
+    "tool_images",
+    "tool_call_repair",  # opt-in: the engine's parser is missing or misses the model's call format
+    "tool_pairing",  # opt-in: a template that refuses any unpaired call or result
 ]
 ALL_FIXES: tuple[Fix, ...] = (
     "billing_header",
@@ -45,6 +50,8 @@ ALL_FIXES: tuple[Fix, ...] = (
     "codex_tools",
     "reasoning_replay",
     "unknown_tool_types",
+    "tool_schemas",
+    "tool_images",
 )
 # `openai/coder` names the preset `coder` for clients that prefix a provider (LiteLLM, aider).
 PROVIDER_PREFIXES = ("openai/", "anthropic/", "hosted_vllm/", "vllm/", "llamacpp/", "local/", "fleet/")
@@ -226,6 +233,98 @@ class Restarts(_Strict):
     max_delay: float = Field(300.0, gt=0)
 
 
+_HOST_PATTERN = re.compile(
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+)
+
+
+class SearchBackend(_Strict):
+    """Where `web_search` runs: a SearXNG instance's JSON API (`/search?q=...&format=json`)."""
+
+    url: str
+    max_results: int = Field(5, ge=1, le=20)
+    timeout: float = Field(10.0, gt=0, le=120)  # seconds for the whole search request
+    max_bytes: int = Field(1 << 20, ge=1024, le=16 << 20)  # of the backend's answer
+
+    @field_validator("url")
+    @classmethod
+    def _search_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be an http:// or https:// URL with a host, e.g. http://searxng:8080/search"
+            )
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise ValueError("give the search endpoint without credentials, query or fragment")
+        return url
+
+
+class FetchPolicy(_Strict):
+    """What `web_fetch` may open. Every URL's host must match `allow` (a name, or `*.example.org`
+    for its subdomains), and every address the name resolves to must be public: loopback, private,
+    link-local (the metadata services), shared, multicast and reserved ranges are refused unless a
+    network in `allow_networks` holds the address."""
+
+    allow: list[str] = Field(min_length=1)
+    allow_networks: list[str] = Field(default_factory=list)  # e.g. ["10.1.2.0/24"]; tests: 127.0.0.1/32
+    ports: list[int] = Field(default_factory=lambda: [80, 443])
+    timeout: float = Field(15.0, gt=0, le=120)  # seconds for one fetch, redirects included
+    max_bytes: int = Field(2 << 20, ge=1024, le=32 << 20)  # read of one response body
+    max_chars: int = Field(50_000, ge=1000, le=1_000_000)  # of the text given to the model
+    max_redirects: int = Field(3, ge=0, le=10)  # each one checked like the first URL
+    prior_context_only: bool = True  # a URL must appear in the conversation or a search result first
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not _HOST_PATTERN.match(host.lower()) and not _is_address(host):
+                raise ValueError(
+                    f"'{host}' is not a host name, `*.domain` pattern or IP address (no scheme, port or path)"
+                )
+        return [host.lower() for host in hosts]
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, networks: list[str]) -> list[str]:
+        for network in networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"'{network}' is not a network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
+        return networks
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, ports: list[int]) -> list[int]:
+        if not ports or any(not 0 < port < 65536 for port in ports):
+            raise ValueError("list the ports fetches may use, each 1-65535")
+        return ports
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class ServerTools(_Strict):
+    """The server tools the gateway runs itself (servertools/): off unless this block is present,
+    and each tool only with its own part (`search`, `fetch`)."""
+
+    search: SearchBackend | None = None
+    fetch: FetchPolicy | None = None
+    max_rounds: int = Field(4, ge=1, le=10)  # model answers per request, the last without server tools
+
+    @model_validator(mode="after")
+    def _some_tool(self) -> ServerTools:
+        if self.search is None and self.fetch is None:
+            raise ValueError("configure `search`, `fetch` or both (or leave `server_tools` out)")
+        return self
+
+
 class RoutesFile(_Strict):
     defaults: _Inherited = _Inherited()
     health: Health = Health()
@@ -237,6 +336,7 @@ class RoutesFile(_Strict):
     routing: Routing
     keys: list[KeySpec] = Field(default_factory=list)
     state: SharedState = SharedState()
+    server_tools: ServerTools | None = None
 
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -299,6 +399,7 @@ class Table:
     restarts: Restarts = field(default_factory=Restarts)
     keys: tuple[KeySpec, ...] = ()
     state: SharedState = field(default_factory=SharedState)
+    server_tools: ServerTools | None = None
     _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
     _patterns: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (casefolded glob, preset)
 
@@ -435,6 +536,7 @@ def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
         restarts=spec.restarts,
         keys=tuple(spec.keys),
         state=spec.state,
+        server_tools=spec.server_tools,
         _names=names,
         _patterns=tuple(patterns),
     )

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.simulator import cache, dialect, engine, extras, messages, responses
+from gateway.simulator import cache, dialect, engine, extras, messages, misbehave, responses
 from gateway.simulator.dialect import Wire
 from gateway.simulator.engine import SimConfig
 from gateway.types import Json
@@ -214,7 +214,7 @@ class Replica:
             await _send_json(send, exc.status, wire.error_shape(cfg, exc.status, exc.payload))
             return
         self.counter += 1
-        out = engine.generate(cfg, prep, self.counter)
+        out = misbehave.output(cfg, engine.generate(cfg, prep, self.counter))
         rid = wire.id_prefix + os.urandom(16).hex()
         slot, kv = -1, 0
         self.in_flight += 1
@@ -236,13 +236,13 @@ class Replica:
             if prep.stream:
                 if not self.vllm:
                     await self._start_sse(send)
-                for count, event in wire.stream(cfg, reply):
+                for count, event in misbehave.stream(cfg, wire.stream(cfg, reply)):
                     await self._decode(count)
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await self._decode(out.completion_tokens)
-                await _send_json(send, 200, wire.response(cfg, reply))
+                await _send_json(send, 200, misbehave.whole(cfg, wire.response(cfg, reply)))
             self.counters.completed += 1
             if not self.vllm:
                 self.slot_cache.store(slot, prep.prompt + out.text().encode())
@@ -347,7 +347,8 @@ class Replica:
     # --- /sim/ hooks -----------------------------------------------------------------------------------
 
     def knobs(self) -> dict[str, Any]:
-        return {**{k: getattr(self.cfg, k) for k in KNOBS}, "fail": self.fail, "fail_count": self.fail_count}
+        knobs = {k: getattr(self.cfg, k) for k in KNOBS}
+        return {**knobs, "fail": self.fail, "fail_count": self.fail_count, "misbehave": self.cfg.misbehave}
 
     async def sim_stats(self, request: Request) -> Response:
         stats = dataclasses.asdict(self.counters)
@@ -370,7 +371,7 @@ class Replica:
             patch = orjson.loads(await request.body())
             if not isinstance(patch, dict):
                 raise ValueError("expected a JSON object")
-            unknown = set(patch) - {*KNOBS, "fail", "fail_count"}
+            unknown = set(patch) - {*KNOBS, "fail", "fail_count", "misbehave"}
             if unknown:
                 raise ValueError(f"unknown knobs: {sorted(unknown)}")
             if patch.get("fail") not in FAILURES:
@@ -382,6 +383,10 @@ class Replica:
                 if key in patch and (type(patch[key]) not in (int, float)):
                     raise ValueError(f"{key} must be a number")
             changes = {k: type(getattr(self.cfg, k))(v) for k, v in patch.items() if k in KNOBS}
+            if "misbehave" in patch:
+                if not isinstance(patch["misbehave"], str):
+                    raise ValueError("misbehave must be a string of comma-separated modes")
+                changes["misbehave"] = patch["misbehave"]
             cfg = dataclasses.replace(self.cfg, **changes)
         except ValueError as exc:
             return _json({"error": str(exc)}, 400)

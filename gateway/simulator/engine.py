@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.simulator import script
+from gateway.simulator import engine_quirks, misbehave, script
 from gateway.types import Json
 
 Engine = Literal["vllm", "llamacpp"]
@@ -55,6 +55,11 @@ class SimConfig:
     chunk_tokens: int = 1
     embeddings: bool = False  # llama-server's --embeddings (vLLM: a pooling model) for /v1/embeddings
     reranking: bool = False  # llama-server's --reranking for /rerank and /v1/rerank
+    summaries: bool = False  # an agent's compaction request gets a <summary> reply (script.summary)
+    # engine_quirks.py: refuse tool schemas holding these keywords; drop images in tool results
+    refuse_schema_keywords: tuple[str, ...] = ()
+    drop_tool_images: bool = False
+    misbehave: str = ""  # misbehave.py: how tool calls come out broken (comma-separated modes)
 
     def __post_init__(self) -> None:
         if self.engine not in ("vllm", "llamacpp"):
@@ -65,6 +70,7 @@ class SimConfig:
             raise ValueError("prefill_tps and decode_tps must be > 0")
         if min(self.time_scale, self.load_seconds, self.reasoning_tokens, self.answer_tokens) < 0:
             raise ValueError("time_scale, load_seconds, reasoning_tokens and answer_tokens must be >= 0")
+        misbehave.modes(self.misbehave)
 
 
 class ApiError(Exception):
@@ -365,6 +371,10 @@ def prepare_body(
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise bad_request(cfg, "'tools' must be a list", "body.tools")
+        if refusal := engine_quirks.refused_schema(cfg.engine, cfg.refuse_schema_keywords, tools):
+            raise bad_request(cfg, refusal)
+        if cfg.drop_tool_images:
+            messages = engine_quirks.without_tool_images(messages)
         kwargs = body.get("chat_template_kwargs")
         if vllm and (body.get("chat_template") or (isinstance(kwargs, dict) and "chat_template" in kwargs)):
             raise bad_request(
@@ -374,7 +384,8 @@ def prepare_body(
             )
         thinking = _thinking(cfg, body)
         tool = _pick_tool(cfg, body, messages, guess_tools)
-        scripted = script.detect(messages, tools, body.get("tool_choice", "auto"))
+        scripted = script.summary(messages) if cfg.summaries else None
+        scripted = scripted or script.detect(messages, tools, body.get("tool_choice", "auto"))
         scripted = scripted or script.structured(body)
         prompt = render_chat(cfg, messages, tools, thinking).encode()
     else:

@@ -12,7 +12,8 @@ import orjson
 from gateway.dialects.registry import for_path
 from gateway.fleet.replicas import Fleet
 from gateway.ops.exchange import Exchange
-from gateway.pipeline.proxy import Context, Proxy
+from gateway.pipeline.frame import Context
+from gateway.pipeline.proxy import Proxy
 from gateway.routing.table import parse_table
 from gateway.settings import Settings
 from gateway.upstream import UpstreamError

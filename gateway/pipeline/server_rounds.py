@@ -1,0 +1,98 @@
+"""Server tools on the request path: the rounds of a request whose tools the gateway runs itself
+(web_search, web_fetch; gateway/servertools/). Each round is a whole answer from the preset, read
+before anything is sent; the client's answer is written once at the end, whole or as its dialect's
+events, with the stream kept alive while the rounds run."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.errors import GatewayTimeout, UpstreamFailure
+from gateway.pipeline.attempts import Attempt, finish
+from gateway.pipeline.rewrite import Plan
+from gateway.relay.keepalive import KeepAlive
+from gateway.relay.replica_errors import relay_replica_error
+from gateway.relay.respond import gateway_headers, stream_head
+from gateway.relay.whole import answer_headers
+from gateway.routing.table import Preset
+from gateway.servertools import loop as server_tools
+from gateway.servertools.execute import Executor
+from gateway.servertools.sse import events as server_tool_events
+
+if TYPE_CHECKING:
+    from gateway.pipeline.proxy import Call, Proxy
+
+
+class _Answered(Exception):
+    """A round's replica error went to the client already: the loop ends there."""
+
+
+async def serve_rounds(
+    proxy: Proxy, call: Call, preset: Preset, plan: Plan, server: server_tools.Plan, first: Attempt
+) -> None:
+    """The server-tool loop (servertools/loop.py): each round a whole answer from the preset,
+    the client's answer written once at the end, whole or as its dialect's events."""
+    ex, endpoint, responder, settings = call.ex, call.endpoint, call.responder, proxy.ctx.settings
+    config = proxy.ctx.fleet().table.server_tools
+    assert config is not None
+    first.as_stream = frozenset()  # each round whole: the loop reads it before anything is sent
+
+    async def send(body: dict[str, Any]) -> dict[str, Any]:
+        attempt = dataclasses.replace(first, body=body, tried=[], refused=[], encoded={})
+        response, replica = await proxy.dispatcher.open(attempt)
+        try:
+            if response.status >= 300:
+                secret = replica.api_key()
+                await relay_replica_error(responder, response, (secret,) if secret else ())
+                raise _Answered
+            data = await response.read(settings.max_answer_bytes + 1)
+            try:
+                payload = orjson.loads(data) if len(data) <= settings.max_answer_bytes else None
+            except orjson.JSONDecodeError:
+                payload = None
+            if not isinstance(payload, dict):
+                raise UpstreamFailure("The replica's answer was not a JSON object", code="upstream_error")
+            return payload
+        finally:
+            await finish(response, attempt.release, replica)
+
+    keepalive = (
+        KeepAlive(responder, settings.keepalive_after, settings.keepalive_every) if plan.stream else None
+    )
+    loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
+    try:
+        async with asyncio.timeout_at(loop_deadline):
+            ran = await server_tools.Loop(config, Executor(config.search, config.fetch)).run(
+                plan.body, server, send
+            )
+    except _Answered:
+        return
+    except TimeoutError:
+        raise GatewayTimeout(
+            f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
+            code="deadline_exceeded",
+        ) from None
+    finally:
+        if keepalive is not None:
+            await keepalive.stop()
+    ex.rewrites.append(ran.note)
+    endpoint.dialect.read_whole(ex.answer, ran.answer)
+    if plan.stream:
+        if not responder.started:
+            await responder.start(200, stream_head(ex))
+        skip = endpoint.dialect.opening_kinds if responder.spliced else frozenset()
+        for kind, data in server_tool_events(endpoint.name, ran.answer):
+            if kind not in skip:
+                await responder.body(data)
+        await responder.body(b"", more=False)
+        responder.opened = False
+    else:
+        data = orjson.dumps(ran.answer)
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await responder.start(200, [*head, *gateway_headers(ex), *answer_headers(ex)])
+        await responder.body(data, more=False)
+    ex.finished = proxy.ctx.clock()
