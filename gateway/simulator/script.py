@@ -5,6 +5,12 @@
 offers a tool of that name. When the conversation ends with a tool result, the reply is text that starts
 ``tool result: `` and goes on with the result's first 200 characters, so a test can see the loop closed.
 Every dialect is converted to chat messages first, so this module only ever sees those.
+
+With ``SimConfig.summaries`` on, an agent's compaction request (the conversation plus a user message that
+asks for a summary in the agent's own words) is answered with a ``<summary>`` block instead, so that a
+session can compact and go on. When the conversation's last marker was not yet answered by an echo (the
+agent compacted in the middle of a tool round), the summary restates that marker as the step left to do:
+an agent that resumes from the summary alone then makes the call again, as a model would.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from gateway.types import Json
 MARKER = "[[tool "
 ECHO = "tool result: "
 ECHO_CHARS = 200
+# How the agents ask for a summary when they compact: Claude Code 2.1.332 wants "an <analysis> block
+# followed by a <summary> block" (and takes a reply without <summary> for a failed compaction), Codex
+# 0.171.0 asks for "a handoff summary for another LLM". The agents' fixtures hold the whole requests.
+SUMMARY_CUES = ("<summary> block", "handoff summary")
+SUMMARY = "<summary>"
 _NAME = re.compile(r"[^\s\]]+")
 _DECODER = json.JSONDecoder()
 
@@ -103,6 +114,34 @@ def detect(messages: list[Json], tools: list[Any], tool_choice: Any) -> Script |
     if found is None or found[0] not in _tool_names(tools):
         return None
     return Script(name=found[0], arguments=found[1])
+
+
+def summary(messages: list[Json]) -> Script | None:
+    """The summary an agent's compaction request asks for, or None when the turn asks for none.
+
+    The ask is read in the turn being answered (since the last assistant message) only: the agents put
+    it there, and a summary that an earlier compaction left in the history is no new ask."""
+    turn = messages[_after_last_assistant(messages) :]
+    for message in turn:
+        if message.get("role") != "user":
+            continue
+        text = text_of(message.get("content")).casefold()
+        if any(cue.casefold() in text for cue in SUMMARY_CUES):
+            earlier = _after_last_assistant(messages)
+            pending = _pending(messages[:earlier])
+            step = f" Next: {MARKER}{pending[0]} {pending[1]}]]" if pending else ""
+            return Script(echo=f"{SUMMARY}Compacted {earlier} earlier messages.{step}</summary>")
+    return None
+
+
+def _pending(history: list[Json]) -> tuple[str, str] | None:
+    """The latest marker of the history's user messages, unless the last answer already echoed a
+    tool's result (the step was done)."""
+    answers = [m for m in history if m.get("role") == "assistant"]
+    if answers and text_of(answers[-1].get("content")).startswith(ECHO):
+        return None
+    users = (text_of(m.get("content")) for m in reversed(history) if m.get("role") == "user")
+    return next((found for found in map(find_marker, users) if found), None)
 
 
 def _after_last_assistant(messages: list[Json]) -> int:

@@ -298,6 +298,16 @@ class AgentRun:
         """stdout parsed as JSON (Claude Code's ``--output-format json`` result object)."""
         return json.loads(self.stdout)
 
+    def events(self) -> list[dict[str, Any]]:
+        """stdout's JSON lines as objects (Codex's ``--json`` events); other lines are skipped."""
+        found = []
+        for line in self.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    found.append(event)
+        return found
+
     def describe(self) -> str:
         status = f"timed out, killed ({self.returncode})" if self.timed_out else f"exit {self.returncode}"
         return (
