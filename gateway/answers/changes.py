@@ -20,6 +20,14 @@ class Change:
 
     name = "change"
     done = False  # nothing more to change: the rest of the stream may pass as bytes
+    # The byte strings an event must hold for this change to care about it (None: every event);
+    # a block of events with none of them, while the change is not `engaged`, is not parsed.
+    markers: tuple[bytes, ...] | None = None
+
+    @property
+    def engaged(self) -> bool:
+        """Whether the change holds state that every following event must pass through."""
+        return False
 
     def stream(self, event: Event) -> list[Event]:
         return [event]
@@ -42,6 +50,16 @@ class Changes:
     def __bool__(self) -> bool:
         """Whether any change is still at work (the relay parses events only while one is)."""
         return any(not item.done for item in self.items)
+
+    def wants(self, block: bytes) -> bool:
+        """Whether a block of whole events must be parsed for these changes: most of an agent's
+        stream (text deltas) holds no tool call, and passes as the replica's bytes."""
+        for item in self.items:
+            if item.done:
+                continue
+            if item.markers is None or item.engaged or any(m in block for m in item.markers):
+                return True
+        return False
 
     def add(self, change: Change) -> None:
         self.items.append(change)

@@ -53,6 +53,13 @@ class CodexCalls(Change):
     """Turns the engine's function calls back into Codex's custom and namespaced tool calls."""
 
     name = "codex_calls"
+    markers = (
+        b'"function_call"',
+        b"function_call_arguments",
+        b'"response.completed"',
+        b'"response.incomplete"',
+        b'"response.failed"',
+    )
 
     def __init__(self, names: ToolNames) -> None:
         self.names = names

@@ -110,10 +110,14 @@ class _Slot:
         self.out, self.upstream_id, self.id, self.args = out, upstream_id, id_, False
 
 
+_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
+
+
 class ChatIds(Change):
     """Chat completions: `tool_calls[].id` unique, and each streamed call on an index of its own."""
 
     name = "tool_ids"
+    markers = (b'"tool_calls"',)  # chat events without a call pass as they came
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids
@@ -227,6 +231,11 @@ class MessagesIds(Change):
     """Messages: each `tool_use` block's `id` unique; its input streamed as `input_json_delta`."""
 
     name = "tool_ids"
+    markers = (b'"tool_use"', b"input_json_delta")
+
+    @property
+    def engaged(self) -> bool:
+        return bool(self.open)  # a tool_use block without its input yet: its stop must be seen
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids
@@ -289,6 +298,7 @@ class ResponsesIds(Change):
     the final response); a function call's empty arguments become `{}`."""
 
     name = "tool_ids"
+    markers = (b'"function_call"', b'"custom_tool_call"', b"function_call_arguments", *_ENDS)
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids

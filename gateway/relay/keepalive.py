@@ -20,7 +20,7 @@ import contextlib
 from gateway.relay.respond import Responder
 
 KEEPALIVE_AFTER = 1.5  # seconds of waiting before the stream is opened
-KEEPALIVE_EVERY = 10.0  # Anthropic pings every 10-15 s; agents' idle limits are minutes
+KEEPALIVE_EVERY = 5.0  # under Claude Code's shortest idle limit (10 s) with room; Anthropic pings every 10-15 s
 
 
 class KeepAlive:

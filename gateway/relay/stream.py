@@ -81,7 +81,7 @@ async def relay_stream(
         begun = True
         async for chunk in _chained(first, chunks):
             out = relay.feed(chunk)
-            if out and changes:
+            if out and changes and changes.wants(out):
                 out = encode(changes.stream(parse(out)))
             if out:
                 if ex.first_token is None and relay.first_token_at is not None:

@@ -28,6 +28,10 @@ CLAUDE_AUTO_COMPACT_FLOOR = 100_000
 # window and a 4096 budget, 16000 tokens compact and 12000 do not).
 CLAUDE_OUTPUT_RESERVE_CAP = 20_000
 CLAUDE_COMPACT_BUFFER = 13_000
+# Claude Code's own system prompt and tools take 15k-20k tokens; a compaction point below this
+# leaves no room for a conversation, and it compacts on every turn ("Autocompact is thrashing",
+# measured on a 32k preset). Below it the gateway's overflow answer drives compaction instead.
+CLAUDE_LEAST_COMPACT_POINT = 28_000
 # Codex 0.171 compacts at model_auto_compact_token_limit, capped at 90 % of model_context_window
 # (and at 90 % when no limit is set): a limit above that changes nothing.
 CODEX_COMPACT_SHARE = 0.9
@@ -133,6 +137,21 @@ def _claude(url: str, presets: Sequence[PresetInfo], table: Table | None) -> str
         "export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
         "# Its own model names reach these presets through the routing table:",
         *_mapping(table, CLAUDE_NAMES),
+    ]
+    known = [p for p in used if p.context is not None]
+    if len(known) == len(used):
+        context = min(p.context or 0 for p in known)
+        point = claude_compact_threshold(context, min(output_budget(p) for p in known))
+        if point < CLAUDE_LEAST_COMPACT_POINT:
+            lines += [
+                f"# At a {context}-token context Claude Code's own compaction point ({point} tokens) would",
+                "# fall inside its own prompt and tools (15k-20k tokens), and it would compact on every",
+                "# turn. So no window is set: it keeps its own names, and compacts when the gateway",
+                "# answers 'prompt is too long' (docs/agents.md). 64k tokens or more suit Claude Code.",
+                "claude",
+            ]
+            return "\n".join(lines)
+    lines += [
         "# But for its own names (claude-opus-5-5, claude-sonnet-4-6-anything, ...) Claude Code",
         "# assumes Anthropic's window (200k to 1M) and ignores CLAUDE_CODE_MAX_CONTEXT_TOKENS, so it",
         "# would not compact before a local replica's context is full. A name it does not know,",
@@ -151,7 +170,6 @@ def _claude(url: str, presets: Sequence[PresetInfo], table: Table | None) -> str
             f"# Warning: {', '.join(claude_named)} may read as a Claude model name; if so Claude Code"
             " ignores the window below (rename the preset)."
         )
-    known = [p for p in used if p.context is not None]
     if len(known) < len(used):
         lines += [
             "# The replicas' context is unknown (no running gateway answered): rerun with --url, or",

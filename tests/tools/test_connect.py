@@ -21,6 +21,7 @@ TABLE = load_table(REPO / "routes.yaml")
 PRESETS = [PresetInfo("dense", ("coder",), 32768, 32768), PresetInfo("moe", (), None, 8192)]
 # The shipped table sends Claude Code's opus and sonnet names to dense, haiku to moe.
 SMALL_FLEET = [PresetInfo("dense", ("coder",), 32768, 32768), PresetInfo("moe", (), 65536, 8192)]
+MID_FLEET = [PresetInfo("dense", ("coder",), 65536, 32768), PresetInfo("moe", (), 131072, 8192)]
 LARGE_FLEET = [PresetInfo("dense", ("coder",), 131072, 32768), PresetInfo("moe", (), 262144, 8192)]
 
 
@@ -41,7 +42,7 @@ def test_claude_code_gets_its_environment_and_the_shipped_mapping() -> None:
 
 
 def test_claude_code_is_sent_the_preset_names_so_that_it_honours_the_context_window() -> None:
-    env = exports(render("claude", "http://gw:18000", SMALL_FLEET, TABLE))
+    env = exports(render("claude", "http://gw:18000", MID_FLEET, TABLE))
     assert env["ANTHROPIC_MODEL"] == "dense"
     assert env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == "dense"
     assert env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "dense"
@@ -51,13 +52,21 @@ def test_claude_code_is_sent_the_preset_names_so_that_it_honours_the_context_win
 
 
 def test_claude_code_gets_the_smallest_window_of_the_presets_it_uses_and_a_budget_that_fits() -> None:
-    text = render("claude", "http://gw:18000", SMALL_FLEET, TABLE)
+    text = render("claude", "http://gw:18000", MID_FLEET, TABLE)
     env = exports(text)
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
-    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
-    assert "compacts at about 32768 - 4096 - 13000 = 15672 tokens" in text
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "65536"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    assert "compacts at about 65536 - 8192 - 13000 = 44344 tokens" in text
     # Below Claude Code's 100k floor the auto-compact window variable would be read as 100k.
     assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in text
+
+
+def test_claude_code_on_a_context_too_small_for_its_own_compaction_gets_no_window() -> None:
+    # At 32k Claude Code would compact at 15,672 tokens, inside its own 15k-20k prompt: thrashing.
+    text = render("claude", "http://gw:18000", SMALL_FLEET, TABLE)
+    env = exports(text)
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in env and "ANTHROPIC_MODEL" not in env
+    assert "compacts when the gateway" in text and "(15672 tokens)" in text
 
 
 def test_claude_code_at_100k_and_more_may_keep_its_own_names_with_the_auto_compact_window() -> None:
@@ -75,7 +84,7 @@ def test_claude_code_without_a_known_context_gets_no_window_but_says_how_to_find
 
 
 def test_a_preset_named_like_a_claude_model_is_flagged() -> None:
-    presets = [PresetInfo("claude-local", (), 32768, 8192)]
+    presets = [PresetInfo("claude-local", (), 65536, 8192)]
     assert "may read as a Claude model name" in render("claude", "http://gw", presets)
 
 
