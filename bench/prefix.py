@@ -205,8 +205,8 @@ def replicas_for(backend: str, count: int, slots: int) -> Iterator[list[tuple[st
     """(url, engine) of `count` fresh replicas of the backend, stopped afterwards."""
     with contextlib.ExitStack() as stack:
         if backend == "sim":
-            from gateway.simulator import SimConfig, create_app
             from bench.support.servers import ThreadServer
+            from gateway.simulator import SimConfig, create_app
 
             servers = []
             for i in range(count):

@@ -21,8 +21,8 @@ from starlette.routing import Route
 
 from gateway.edge.auth import KeyAuth
 from gateway.edge.browser import BrowserGuard, allowed_hosts, allowed_origins
-from gateway.edge.dispatch import Dispatch
 from gateway.edge.door import Door
+from gateway.edge.paths import Paths
 from gateway.edge.reject import reject
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.fleet.discovery import Discovery, Resolver, resolve
@@ -267,7 +267,7 @@ def create_app(gateway: Gateway) -> Any:
     # A 307 to the client's own Host header is a redirect the client controls: never.
     app.router.redirect_slashes = False
     record, clock = gateway.record, gateway.clock
-    dispatch = Dispatch(
+    dispatch = Paths(
         gateway.proxy.handle, StoredAnswers(gateway.proxy).handle, app, record, clock, mounts={MCP_PATH: mcp}
     )
     auth = KeyAuth(

@@ -11,10 +11,10 @@ import httpx2
 import pytest
 
 from gateway.edge.auth import KeyAuth, is_admin, presented_key
-from gateway.types import header_map
 from gateway.fleet.stored import OPEN_OWNER, Owner
 from gateway.ops.exchange import Exchange
 from gateway.team.keys import OPEN, Identity, Keyring, KeySpec, build_keyring
+from gateway.types import header_map
 from tests.support.asgi import Downstream, call, http_scope
 from tests.support.harness import one_replica_table, run_gateway
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from gateway.edge.auth import KeyAuth
 from gateway.edge.browser import BrowserGuard
-from gateway.edge.dispatch import Dispatch
 from gateway.edge.guard import headers_error
+from gateway.edge.paths import Paths
 from gateway.edge.reject import Recorder, reject
 from gateway.types import Receive, Scope, Send
 
@@ -25,7 +25,7 @@ class Door:
 
     def __init__(
         self,
-        dispatch: Dispatch,
+        dispatch: Paths,
         guard: BrowserGuard,
         auth: KeyAuth,
         max_header_bytes: int,

@@ -32,7 +32,7 @@ class _Answered(Exception):
 
 
 async def serve_rounds(
-    proxy: Proxy, call: Call, preset: Preset, plan: Plan, server: server_tools.Plan, first: Attempt
+    proxy: Proxy, call: Call, preset: Preset, plan: Plan, server: server_tools.ServerCalls, first: Attempt
 ) -> None:
     """The server-tool loop (servertools/loop.py): each round a whole answer from the preset,
     the client's answer written once at the end, whole or as its dialect's events."""

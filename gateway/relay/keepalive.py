@@ -20,7 +20,8 @@ import contextlib
 from gateway.relay.respond import Responder
 
 KEEPALIVE_AFTER = 1.5  # seconds of waiting before the stream is opened
-KEEPALIVE_EVERY = 5.0  # under Claude Code's shortest idle limit (10 s) with room; Anthropic pings every 10-15 s
+# Under Claude Code's shortest idle limit (10 s) with room; Anthropic itself pings every 10-15 s.
+KEEPALIVE_EVERY = 5.0
 
 
 class KeepAlive:

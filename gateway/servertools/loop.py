@@ -30,7 +30,7 @@ Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
-class Plan:
+class ServerCalls:
     """A request the loop serves: its wire format and the server tools it declares."""
 
     wire: Wire
@@ -53,7 +53,7 @@ class Ran:
         )
 
 
-def plan(body: Mapping[str, Any], endpoint: str, config: ServerTools | None) -> Plan | None:
+def plan(body: Mapping[str, Any], endpoint: str, config: ServerTools | None) -> ServerCalls | None:
     """Whether the loop serves this request: the table configures server tools, the endpoint has
     them, and the client declared at least one that is configured (search or fetch)."""
     wire = WIRES.get(endpoint)
@@ -61,10 +61,10 @@ def plan(body: Mapping[str, Any], endpoint: str, config: ServerTools | None) -> 
         return None
     configured = {SEARCH: config.search is not None, FETCH: config.fetch is not None}
     declared = {name: d for name, d in wire.declared(body).items() if configured[d.kind]}
-    return Plan(wire, declared) if declared else None
+    return ServerCalls(wire, declared) if declared else None
 
 
-def prepare(body: dict[str, Any], found: Plan) -> None:
+def prepare(body: dict[str, Any], found: ServerCalls) -> None:
     """The request as the engine gets it (the rewrite's copy, changed in place)."""
     found.wire.prepare(body, found.declared)
     body["stream"] = False
@@ -78,7 +78,7 @@ class Loop:
         self.config = config
         self.executor = executor
 
-    async def run(self, body: dict[str, Any], found: Plan, send: Send) -> Ran:
+    async def run(self, body: dict[str, Any], found: ServerCalls, send: Send) -> Ran:
         wire, declared = found.wire, found.declared
         seen = bytearray(orjson.dumps(body))  # what a fetched URL must appear in, when required
         uses: Counter[str] = Counter()

@@ -183,11 +183,11 @@ def _sdk_sessions(gw: Running) -> int:
 
 
 def _endpoint(gw: Running) -> Any:
-    """The McpEndpoint the app mounted (Dispatch's mount for /mcp)."""
+    """The McpEndpoint the app mounted (Paths' mount for /mcp)."""
     layer: Any = gw.server.config.app
     for _ in range(10):
         mounts = getattr(layer, "mounts", None)
         if mounts:
             return mounts["/mcp"]
-        layer = layer.app
+        layer = getattr(layer, "app", None) or layer.dispatch  # middlewares, then the Door
     raise AssertionError("no /mcp mount found")

@@ -14,6 +14,7 @@ import httpx2
 import pytest
 
 from bench.support import engines as backends
+
 from .backends import LlamaServer, VllmServer
 
 TIMEOUT = 60.0

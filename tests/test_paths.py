@@ -1,4 +1,4 @@
-"""gateway/edge/dispatch.py: the registry's paths go to the proxy's handler (POST only), one stored
+"""gateway/edge/paths.py: the registry's paths go to the proxy's handler (POST only), one stored
 response's paths to the stored handler, and everything else to the fallback app."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.dialects.registry import ENDPOINTS, Endpoint
-from gateway.edge.dispatch import Dispatch
+from gateway.edge.paths import Paths
 from gateway.ops.exchange import Exchange
 from gateway.types import Receive, Scope, Send
 from tests.support.asgi import Downstream, call, http_scope
@@ -32,8 +32,8 @@ class Calls:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"stored"})
 
-    def dispatch(self) -> Dispatch:
-        return Dispatch(self.handle, self.store, self.fallback, self.recorded.append, clock=lambda: 3.0)
+    def dispatch(self) -> Paths:
+        return Paths(self.handle, self.store, self.fallback, self.recorded.append, clock=lambda: 3.0)
 
     def fell_back(self) -> list[str]:
         return [scope["path"] for scope in self.fallback.scopes]
@@ -147,5 +147,5 @@ async def test_a_lifespan_scope_goes_to_the_fallback() -> None:
     async def fallback(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(scope["type"])
 
-    await Dispatch(calls.handle, calls.store, fallback)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
+    await Paths(calls.handle, calls.store, fallback)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert seen == ["lifespan"] and calls.handled == []

@@ -19,7 +19,11 @@ Handler = Callable[[Endpoint, Scope, Receive, Send], Awaitable[None]]
 StoredHandler = Callable[[str, Scope, Receive, Send], Awaitable[None]]
 
 
-class Dispatch:
+class Paths:
+    """Sends each request to its handler by path and method: an endpoint of the registry to the
+    proxy, a stored answer's path to its handler, a mounted app (/mcp) to that app, the rest to
+    Starlette (fallback). A known path with the wrong method is answered 405 here."""
+
     def __init__(
         self,
         handle: Handler,
