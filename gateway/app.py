@@ -164,6 +164,9 @@ class Gateway:
 
 
 class LifespanState(TypedDict):
+    """The lifespan's state: Starlette copies it onto each request, so handlers read the running
+    `Gateway` as `request.state.gateway`."""
+
     gateway: Gateway
 
 
@@ -176,6 +179,10 @@ def build_gateway(
     access_log: AccessLog | None = None,
     resolver: Resolver = resolve,
 ) -> Gateway:
+    """Builds the running gateway from settings: the routing table (loaded from `settings.routes`
+    unless given), the keyring, the counters (Redis or in process, their condition logged and
+    counted), the upstream client; tests pass their own client, registry, log or resolver. Raises
+    `TableError` on a bad table or keys file."""
     table = table or load_table(settings.routes)
     hooks: list[Callable[[str], None]] = [_log_redis]
     counters = create_counters(
@@ -219,6 +226,10 @@ def _log_redis(condition: str) -> None:
 
 
 def create_app(gateway: Gateway) -> Any:
+    """The ASGI app for a built gateway: the proxy, stored answers, /mcp and Starlette's own routes,
+    dispatched by path behind key auth, the browser guard, the header door and (when origins are
+    set) CORS; its lifespan probes and starts the fleet before serving, handles SIGHUP reloads and
+    stops the supervisor, team and client on exit."""
     settings = gateway.settings
     mcp = McpEndpoint(
         gateway.proxy.handle,

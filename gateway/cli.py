@@ -16,6 +16,9 @@ from gateway.settings import Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `fleet-gateway` entry point: parses `argv` (the process's arguments when None), runs the
+    chosen command and returns its exit status; `bench`, `mcp` and `ps` run before the logging
+    set-up."""
     parser = argparse.ArgumentParser(prog="fleet-gateway", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fleet-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +150,9 @@ def serve_command(settings: Settings) -> int:
 
 
 def connect_command(agent: str, url: str, key: str | None, routes: Path) -> int:
+    """Prints the configuration that points `agent` at the gateway at `url`, its presets from the
+    routing table and, where the running gateway's `/v1/models` answers (with `key`), from that
+    catalogue instead; returns 0 whether or not either could be read."""
     import orjson
 
     from gateway.tools import connect
@@ -174,6 +180,9 @@ def connect_command(agent: str, url: str, key: str | None, routes: Path) -> int:
 
 
 def check_command(path: Path, probe: bool = False) -> int:
+    """Validates the routing table at `path` and prints what it resolves to; with `probe`, also asks
+    each replica whether it is healthy and what it serves. Returns 2 for an invalid table, 1 when a
+    replica has a problem, 0 otherwise."""
     try:
         table = load_table(path)
     except TableError as exc:
@@ -195,6 +204,9 @@ def check_command(path: Path, probe: bool = False) -> int:
 
 
 def describe(table: Table) -> str:
+    """A routing table as `check` prints it: each preset with its names, settings and replicas (or
+    discovery), the tasks, default and images presets, and warnings for overlapping alias
+    patterns."""
     lines = [f"{table.source}: OK, {len(table.presets)} presets"]
     for preset in table.presets.values():
         names = ", ".join((preset.name, *preset.aliases))

@@ -50,6 +50,10 @@ FallbackReason = Literal["down", "failed", "loading", "full", "context"]
 
 
 class GatewayError(Exception):
+    """A failure the client sees: the class fixes the status, OpenAI error type, default code,
+    fallback reason and whether it means busy; an instance carries a message (cut to `MAX_MESSAGE`),
+    a code, the offending parameter and response headers such as `retry-after`."""
+
     status: ClassVar[int] = 500
     type: ClassVar[str] = "gateway_error"
     default_code: ClassVar[str] = "internal_error"
@@ -81,17 +85,24 @@ class GatewayError(Exception):
 
 
 class BadRequest(GatewayError):
+    """A body the gateway or its dialect refuses before any replica sees it (400); the code and
+    `param` name the case."""
+
     status = 400
     type = "invalid_request_error"
     default_code = "invalid_request"
 
 
 class RequestTooLarge(BadRequest):
+    """A request body past the size limit, counted as it arrives or after decompression (413)."""
+
     status = 413
     default_code = "request_too_large"
 
 
 class UnknownTask(BadRequest):
+    """A request that names a task the routing table does not map to a preset."""
+
     default_code = "unknown_task"
 
 
@@ -117,40 +128,57 @@ class ContextExceeded(BadRequest):
 
 
 class Unauthorized(GatewayError):
+    """A request without a key, or with one the keyring does not know (401)."""
+
     status = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
 
 
 class Forbidden(GatewayError):
+    """A request the caller may not make (403): a Host name not allowed, a page from another origin
+    on a gateway without keys, a preset the key may not use, an admin route for a key that is no
+    admin."""
+
     status = 403
     type = "invalid_request_error"
     default_code = "forbidden"
 
 
 class NotFound(GatewayError):
+    """A path, stored response or admin target the gateway does not have (404)."""
+
     status = 404
     type = "invalid_request_error"
     default_code = "not_found"
 
 
 class ModelNotFound(NotFound):
+    """A model name that resolves to no preset, alias or pattern of the routing table."""
+
     default_code = "model_not_found"
 
 
 class MethodNotAllowed(GatewayError):
+    """A method the path does not take (405)."""
+
     status = 405
     type = "invalid_request_error"
     default_code = "method_not_allowed"
 
 
 class RequestTimeout(GatewayError):
+    """A request head or body that did not arrive within its deadline (408); the code says which."""
+
     status = 408
     type = "invalid_request_error"
     default_code = "body_timeout"
 
 
 class UnsupportedMediaType(GatewayError):
+    """A body not declared as JSON where a gateway without keys requires it (a page could send it
+    without a preflight), or in a content encoding the gateway does not read (415)."""
+
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
@@ -165,6 +193,9 @@ class HeadersTooLarge(GatewayError):
 
 
 class QueueFull(GatewayError):
+    """No place left in a preset's admission queue or a key's concurrency queue (429, busy); a
+    preset's fallback may take the request instead."""
+
     status = 429
     type = "rate_limit_exceeded"
     default_code = "queue_full"
@@ -186,6 +217,9 @@ class GatewayBug(GatewayError):
 
 
 class UpstreamFailure(GatewayError):
+    """A replica's answer the gateway cannot pass on (502): it broke off, was not what its dialect
+    reads, was a redirect, or the replica answered 502."""
+
     status = 502
     type = "upstream_error"
     default_code = "bad_gateway"
@@ -200,6 +234,9 @@ class UpstreamServerError(GatewayError):
 
 
 class NoUpstream(GatewayError):
+    """No replica of the preset can take the request (503): none healthy, none reachable, none
+    configured, or the gateway is shutting down; a fallback preset may take it."""
+
     status = 503
     type = "service_unavailable"
     default_code = "no_healthy_upstream"
@@ -231,6 +268,9 @@ class Overloaded(GatewayError):
 
 
 class GatewayTimeout(GatewayError):
+    """A deadline passed while waiting on a replica (504): the request's whole-answer deadline, a
+    replica's 504, or response headers that never came."""
+
     status = 504
     type = "timeout"
     default_code = "upstream_timeout"

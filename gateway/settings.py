@@ -13,6 +13,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
+    """The process's settings, read once at start from `GATEWAY_*` environment variables (unknown
+    ones ignored): listen address, routes file, body, header and connection limits, stream timing,
+    keys, browser and MCP limits, logging and the upstream client. The CLI overrides a few from its
+    flags."""
+
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
 
     routes: Path = Path("routes.yaml")

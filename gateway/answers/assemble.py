@@ -108,6 +108,9 @@ class MessagesAssembler(Assembler):
         self.partial: dict[int, str] = {}  # a tool_use block's input, as JSON text so far
 
     def feed(self, event: Event) -> None:
+        """Takes one Messages stream event: the start's envelope, each block's start, text, thinking
+        and signature deltas appended, a tool block's JSON parsed at its stop, and the final stop
+        reason and usage merged in; events without data are skipped."""
         data = event.data
         if data is None:
             return

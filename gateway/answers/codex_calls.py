@@ -91,6 +91,9 @@ class CodexCalls(Change):
         return {**payload, "output": [self.item(i) if isinstance(i, dict) else i for i in output]}
 
     def stream(self, event: Event) -> list[Event]:
+        """Rewrites one Responses stream event: call items named for Codex, a custom call's argument
+        events dropped and its input sent whole just before its item is done, and the final
+        response's output renamed too; every other event is returned as it came."""
         data = event.data
         if data is None:
             return [event]

@@ -151,6 +151,9 @@ class ChatIds(Change):
         return fixed
 
     def stream(self, event: Event) -> list[Event]:
+        """Fixes one chat chunk's streamed calls: ids made unique, each call on an output index of
+        its own, and `{}` arguments added at the finish for calls that got none; a chunk that needs
+        no change is returned untouched."""
         data = event.data
         choices = data.get("choices") if data is not None else None
         if not isinstance(choices, list) or not choices:
@@ -255,6 +258,9 @@ class MessagesIds(Change):
         return {**payload, "content": fixed}
 
     def stream(self, event: Event) -> list[Event]:
+        """Makes each streamed `tool_use` block's id unique; a block that got no `input_json_delta`
+        before its stop gets one holding its start's input (or `{}`), since Claude Code reads input
+        only from deltas."""
         data = event.data
         if data is None:
             return [event]
@@ -329,6 +335,9 @@ class ResponsesIds(Change):
         return {**payload, "output": fixed}
 
     def stream(self, event: Event) -> list[Event]:
+        """Gives each streamed call item a unique `call_id`, the same on its added and done events,
+        fills a function call's empty arguments with `{}`, and applies the same fixes to the final
+        response."""
         data = event.data
         if data is None:
             return [event]

@@ -132,6 +132,10 @@ class ChatRepair(Change):
     # --- streamed ---
 
     def stream(self, event: Event) -> list[Event]:
+        """Repairs one single-choice chat chunk: content is held back from a call's marker on and
+        returned once known to be text; at the finish chunk the choice's leaked calls (or, failing
+        any answer, its thinking's) go out as `tool_calls` chunks numbered after the engine's, with
+        `finish_reason: tool_calls`."""
         data = event.data
         choices = data.get("choices") if data is not None else None
         if (
@@ -249,6 +253,10 @@ class MessagesRepair(Change):
     # --- whole ---
 
     def whole(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Repairs a whole Messages answer: each text block's leaked calls become `tool_use` blocks
+        after it (the block dropped if nothing else is left), thinking's calls only when the answer
+        neither spoke nor called, and `stop_reason` becomes `tool_use`; the payload returns
+        unchanged without calls."""
         content = payload.get("content")
         if not isinstance(content, list):
             return payload
@@ -288,6 +296,10 @@ class MessagesRepair(Change):
     # --- streamed ---
 
     def stream(self, event: Event) -> list[Event]:
+        """Repairs one Messages stream event: a text block's start is deferred until some text of it
+        goes out, its leaked calls follow its stop as `tool_use` blocks, every later block is
+        renumbered, and the final `message_delta` flushes open blocks and turns `end_turn` into
+        `tool_use`."""
         data = event.data
         if data is None:
             return [event]
@@ -441,6 +453,9 @@ class ResponsesRepair(Change):
     # --- whole ---
 
     def whole(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Repairs a whole Responses answer: a message item's leaked calls become `function_call`
+        items after it (the item dropped if it said nothing else), reasoning's calls only when the
+        answer neither spoke nor called; the payload returns unchanged without calls."""
         output = payload.get("output")
         if not isinstance(output, list):
             return payload

@@ -67,6 +67,10 @@ class _Check:
             raise _Exhausted
 
     def fits(self, value: Any, schema: Any, depth: int) -> bool:
+        """Whether `value` satisfies `schema` (a boolean, None or a non-object schema as JSON Schema
+        reads it), checking `$ref`, type, const, enum and the combinators here and objects and
+        arrays below; each call spends a step and raises `_Exhausted` past the budget or
+        `MAX_DEPTH`."""
         self._step(depth)
         if schema is True or schema is None:
             return True

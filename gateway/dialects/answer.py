@@ -15,6 +15,10 @@ TRAP_WARNING = "reasoning consumed max_tokens"
 
 @dataclass
 class Answer:
+    """What one answer reported about itself, filled by a dialect's `read_whole` or `read_event` and
+    read by metrics, the access log, the status page and usage charging; a count stays None where
+    the replica did not report it."""
+
     prompt_tokens: int | None = None  # every prompt token, cached ones included
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None

@@ -58,6 +58,10 @@ def error_type(status: int) -> str:
 
 
 class AnthropicDialect(Dialect):
+    """Anthropic Messages (`/v1/messages`, `count_tokens`): `{"type": "error"}` envelopes with 429
+    for a busy fleet, `message_start` and ping events while a stream waits, usage and `stop_reason`
+    read from the answer, and the fixes Claude Code's requests need on a local engine."""
+
     name = "anthropic"
     markers = (b'"usage"', b'"stop_reason":"')
     content = re.compile(rb'"text_delta"|"type":\s*"tool_use"|"input_json_delta"')
@@ -176,6 +180,9 @@ class AnthropicDialect(Dialect):
         return super().thinks(body) and not disabled
 
     def thinking(self, body: dict[str, Any], on: bool, override: bool) -> list[Note]:
+        """Turns thinking off in the body unless the preset wants it on or the client chose it (and
+        no `override`); Claude Code's `adaptive` setting is no choice. Sets `thinking: disabled` and
+        the template switch off, and returns the notes for `x-gateway-rewrites`."""
         fixed = fix_thinking_kwarg(body)
         if fixed:
             return fixed
@@ -196,6 +203,9 @@ class AnthropicDialect(Dialect):
     def fixes(
         self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
     ) -> list[Note]:
+        """Applies the `wanted` Messages fixes to the body in place (the billing line, system turns,
+        Anthropic-only fields), always the tool-history rules, and adds the tool-call changes to
+        `changes` when given; returns the notes for `x-gateway-rewrites`."""
         notes: list[Note] = []
         if "billing_header" in wanted:
             notes += billing_header(body)

@@ -67,6 +67,11 @@ MAX_RETRY_HINT = 59
 
 
 class Dialect:
+    """The seam for one wire format: its error envelopes, stream opening and keep-alive, how usage
+    and the end of an answer are read, its body check, thinking switch and compatibility fixes. One
+    stateless instance per dialect, named by `registry.py` entries and called by the request path,
+    the relay and the rewrite rules."""
+
     name: ClassVar[str]
     # The byte strings that mark the few stream events worth parsing (usage, end of answer);
     # everything else is forwarded unparsed.

@@ -44,6 +44,10 @@ def read_openai_error(payload: Any) -> tuple[str, str | None, str | int | None, 
 
 
 class OpenAIDialect(Dialect):
+    """OpenAI chat and text completions: the `{"error": {...}}` envelope, a `data: {"error": ...}`
+    event to end a broken stream, usage and finish reason from either engine's fields, the body
+    check, thinking off through the template switch, and the tool-history and tool-call fixes."""
+
     name = "openai"
     markers = (b'"finish_reason":"', b'"usage"')
     content = re.compile(rb'"(?:content|text)":\s*"(?!")|"tool_calls":\s*\[\s*\{')

@@ -40,6 +40,10 @@ def _requires(*names: str) -> Callable[[dict[str, Any]], None]:
 
 @dataclass(frozen=True)
 class Endpoint:
+    """One endpoint the gateway serves: its path and aliases, its dialect, the upstream path per
+    engine that serves it, which preset rules (budget, thinking) and capability apply, the client
+    headers forwarded, and whether its answers are stored on the replica."""
+
     name: str  # a bounded metric label
     path: str
     dialect: Dialect

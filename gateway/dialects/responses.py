@@ -36,6 +36,10 @@ _FINAL = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"
 
 
 class ResponsesDialect(Dialect):
+    """The OpenAI Responses API as Codex speaks it: OpenAI error envelopes, `response.created` and
+    `response.in_progress` while a stream waits, `response.failed` for busy and overflow so Codex
+    retries or compacts, usage and status read from the response, and the Codex fixes."""
+
     name = "responses"
     markers = _FINAL
     content = re.compile(rb'"response\.output_text\.delta"|"type":\s*"function_call"')
@@ -119,6 +123,9 @@ class ResponsesDialect(Dialect):
 
     # --- answers --------------------------------------------------------------------------------
     def read_whole(self, answer: Answer, payload: dict[str, Any]) -> None:
+        """Reads a whole response (or a final event's) into `answer`: its id, token usage with
+        cached and reasoning tokens, the finish reason (`length` for a budget cut, `stop` when
+        completed), and what its output items showed."""
         answer.response_id = as_str(payload.get("id"), answer.response_id)
         usage = payload.get("usage")
         if isinstance(usage, dict):
@@ -184,6 +191,9 @@ class ResponsesDialect(Dialect):
     def fixes(
         self, body: dict[str, Any], wanted: frozenset[str], changes: Changes | None = None
     ) -> list[Note]:
+        """Applies the `wanted` Responses fixes to the body in place (Codex lite, Codex tools,
+        reasoning replay, system items, unknown tool types), always the tool-history rules, and adds
+        the answer's changes to `changes` when given; returns the notes for `x-gateway-rewrites`."""
         notes: list[Note] = []
         if "codex_lite" in wanted:
             notes += codex_lite(body)

@@ -30,6 +30,9 @@ REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503
 
 
 class EdgeLimits(NamedTuple):
+    """The bounds on a request head while it arrives: its deadline in seconds, its bytes and field
+    count (before the slack for the request line), and the most open connections."""
+
     header_timeout: float
     max_header_bytes: int
     max_header_count: int
@@ -37,6 +40,10 @@ class EdgeLimits(NamedTuple):
 
 
 class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline, a byte and a field cap on each request head and
+    a cap on open connections; what breaks one is answered (408, 431, 503) in the path's dialect,
+    recorded, and the socket closed. `edge_protocol` binds the class to one gateway's limits."""
+
     limits: ClassVar[EdgeLimits]
     # In a tuple: a function stored as a class attribute would be bound as a method.
     recorder: ClassVar[tuple[Recorder | None]] = (None,)
@@ -63,6 +70,8 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """Counts the bytes read while a head is open, hands them to httptools, then refuses with
+        431 a head that has passed the byte limit (plus slack) or the field count."""
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)

@@ -30,6 +30,9 @@ def endpoint_label(path: str) -> str:
 async def reject(
     scope: Scope, send: Send, error: GatewayError, record: Recorder | None, clock: float
 ) -> None:
+    """Answers a request the edge turns away with `error` in its path's dialect, and records it as a
+    rejected exchange (timed at `clock`, with the caller's identity where the key check set one)
+    even when the send fails."""
     client = scope.get("client")
     ex = Exchange(
         request_id=os.urandom(8).hex(),

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Occupant:
+    """A replica holding device memory: the GiB it uses per device, whether it may be evicted (idle
+    and not `keep`), and when it last served, for least-recently-used order."""
+
     name: str
     uses: Mapping[str, float]
     evictable: bool  # idle and not `keep`
@@ -40,6 +43,9 @@ def free(devices: Mapping[str, float], occupants: Sequence[Occupant]) -> dict[st
 def plan_start(
     devices: Mapping[str, float], occupants: Sequence[Occupant], needs: Mapping[str, float]
 ) -> Room:
+    """Decides whether a replica needing `needs` GiB per device fits the `devices`' capacity beside
+    `occupants`: fits as is, fits after evicting the idle occupants named (least recently used
+    first, only those that free a short device), or does not fit, naming who holds the devices."""
     left = free(devices, occupants)
     short = {d: gib - left.get(d, 0.0) for d, gib in needs.items() if gib > left.get(d, 0.0) + 1e-9}
     if not short:

@@ -58,6 +58,11 @@ def update_pool(pool: Pool, specs: Iterable[ReplicaSpec], health: Health) -> tup
 
 
 class Discovery:
+    """Keeps the DNS-discovered replicas of every preset with `discover:` in step with their name's
+    addresses: `refresh` resolves each preset whose interval has passed, adds and probes new
+    replicas and drops gone ones; `run` repeats it every second. The app forces one refresh before
+    serving."""
+
     def __init__(
         self,
         fleet: Callable[[], Fleet],

@@ -8,8 +8,9 @@ Two kinds of evidence, treated differently because they fail differently:
 - Live traffic. Consecutive connect failures mean the process is gone: down until probes say it is
   back. Consecutive 5xx from a replica whose `/health` still says 200 (a lying replica) eject it for
   a time that doubles on repeat, capped, and probes do not cut that short. 4xx never count: they are
-  the client's fault (sglang #25811). A live success within the last probe interval outweighs a
-  probe timeout: a replica busy streaming may answer `/health` slowly (ik_llama #1210).
+  the client's fault, and one client's bad requests must not eject a working replica. A live success
+  within the last probe interval outweighs a probe timeout: a replica busy streaming may answer
+  `/health` slowly.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ Probe = Literal["ok", "fail", "timeout"]
 
 
 class Status(StrEnum):
+    """A replica's health as probes and live traffic decided it; `unknown` until its first probe."""
+
     UNKNOWN = "unknown"  # not probed yet: usable (fail-open) but not "ready"
     UP = "up"
     DOWN = "down"
@@ -32,6 +35,11 @@ class Status(StrEnum):
 
 @dataclass
 class HealthState:
+    """One replica's health: its status, the probe and live-failure streaks, and any 5xx ejection
+    with its doubling length. Fed by the prober (`on_probe`), the request path (`on_outcome`,
+    `progress`) and the supervisor (`on_started`, `on_stopped`); read through `available` and
+    `ready`."""
+
     config: Health
     status: Status = Status.UNKNOWN
     probe_ok_streak: int = 0
@@ -56,6 +64,10 @@ class HealthState:
         return now < self.ejected_until
 
     def on_probe(self, result: Probe, now: float) -> None:
+        """Records one active probe's result at `now`: a success brings an unknown replica up at
+        once and a down one after `healthy_threshold` in a row; failures take it down after
+        `unhealthy_threshold`, and a timeout is ignored while live traffic succeeded within the last
+        probe interval."""
         if result == "ok":
             self.probe_fail_streak = 0
             self.probe_ok_streak += 1

@@ -51,6 +51,11 @@ def tail(path: Path, lines: int = 20, limit: int = 4096) -> str:
 
 
 class EngineProcess:
+    """One launched engine process: `start` runs its command in a new process group that dies with
+    the gateway, appending output to its rotated log; `stop` runs the launch's stop command or
+    signals the group, killing it after the grace period. Owned by the supervisor's unit for the
+    replica."""
+
     def __init__(self, name: str, launch: Launch, log_path: Path) -> None:
         self.name = name
         self.launch = launch

@@ -44,6 +44,8 @@ NOBODY = Owner("nobody")  # a scope the key check never saw: owns nothing, sees 
 
 
 class Where(NamedTuple):
+    """The preset and replica that hold a stored Responses answer."""
+
     preset: str
     replica: str
 
@@ -58,6 +60,10 @@ class StoredResponses:
         self._owned: dict[str, OrderedDict[str, None]] = {}  # owner key -> its ids, oldest first
 
     def remember(self, response_id: str, preset: str, replica: str, owner: Owner = OPEN_OWNER) -> None:
+        """Records that `replica` of `preset` holds the stored answer `response_id`, on `owner`'s
+        behalf; ignores an empty or overlong id and one another key already holds, and evicts the
+        owner's oldest ids past `per_owner` and the oldest of all past `size`. Called by the proxy
+        after each answer."""
         if not response_id or len(response_id) > MAX_ID:
             return
         previous = self._where.get(response_id)

@@ -23,6 +23,9 @@ from gateway.fleet.stored import Owner
 
 @dataclass
 class Session:
+    """One open MCP session: the owner key that opened it, when it was last used, and its requests
+    in flight (an open GET stream counts)."""
+
     owner: str
     used: float  # when its last request ended (or began, while one is in flight)
     in_flight: int = 0
@@ -37,6 +40,11 @@ class Admission:
 
 
 class SessionBook:
+    """The MCP sessions by owner, least recently used first, with the places of those still opening:
+    `admit` decides a new session under the per-key and total caps (evicting idle ones), `opened`,
+    `begin`, `end` and `forget` track each session's life. Pure; the MCP gate holds one and acts on
+    its answers."""
+
     def __init__(self, per_key: int, total: int, idle: float) -> None:
         self.per_key, self.total, self.idle = per_key, total, idle
         # Least recently used first, so the first idle one found is the one to evict.

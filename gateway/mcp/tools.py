@@ -107,6 +107,9 @@ def _presets(table: Table, speeds: Mapping[str, float | None]) -> str:
 
 
 def descriptions(table: Table, speeds: Mapping[str, float | None]) -> dict[str, str]:
+    """The MCP tools' descriptions, written from the routing table and the presets' measured decode
+    speeds: what each tool is for and not for, the tasks, which preset extraction and images run on,
+    and a line per preset. The server calls it each time it lists the tools."""
     presets = _presets(table, speeds)
     tasks = ", ".join(sorted(table.tasks)) or "none"
     extract_to = table.tasks.get("extract", table.default)

@@ -62,6 +62,8 @@ def preset_view(fleet: Fleet, pool: Pool) -> Json:
 
 
 def cards(fleet: Fleet) -> list[Json]:
+    """The `/v1/models` list: each preset's card, then a short card per exact alias naming its
+    preset (patterns are left out, since no client can list them)."""
     data = []
     for preset in fleet.table.presets.values():
         data.append(preset_card(fleet, preset))

@@ -22,6 +22,9 @@ MAX_WARNINGS = 50
 
 @dataclass(frozen=True)
 class Sample:
+    """One finished request as the status page counts it: when (monotonic), its preset and replica,
+    whether it succeeded, its time to first token, decode speed and prompt and cached tokens."""
+
     at: float
     preset: str
     replica: str
@@ -34,6 +37,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Warning_:
+    """One warning the status page lists: when (wall-clock), its kind, preset, replica and
+    message."""
+
     at: float
     kind: str
     preset: str
@@ -42,6 +48,10 @@ class Warning_:
 
 
 class Recent:
+    """The last few minutes of traffic for the status page: at most `MAX_SAMPLES` samples, read over
+    a `WINDOW`-second window, the latest `MAX_WARNINGS` warnings and a total count. Fed one record
+    per request by the gateway's `record`."""
+
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
     ) -> None:
@@ -52,6 +62,8 @@ class Recent:
         self.total = 0
 
     def record(self, ex: Exchange) -> None:
+        """Adds one finished request: a sample with its time to first token and decode speed (over
+        the tokens after the first), and a warning for each it carried and for an upstream error."""
         self.total += 1
         answer = ex.answer
         decode = None

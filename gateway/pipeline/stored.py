@@ -20,6 +20,10 @@ class StoredAnswers:
         self.proxy = proxy
 
     async def handle(self, response_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serves one request about the stored answer `response_id`: 404 unless it was stored for
+        the caller's key (for an admin, any key's) on a replica still in the table; else the key's
+        preset and request limits are checked and the request is relayed to that replica alone, a
+        successful DELETE forgetting the id. Recorded like any request."""
         proxy = self.proxy
         headers = scope.get("gateway.headers") or header_map(scope)
         ex = proxy.frame.exchange(STORED, scope, headers)

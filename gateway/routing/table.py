@@ -77,6 +77,9 @@ class Timeouts(_Strict):
 
 
 class Limits(_Strict):
+    """A preset's admission limits: places per replica, the queue's length and wait, and the share
+    of a replica's places batch-priority requests may hold."""
+
     max_in_flight: int = Field(64, ge=1)  # per replica; more wait in the queue
     queue: int = Field(32, ge=0)  # per preset; more get 429
     queue_timeout: float = Field(30.0, gt=0)  # a queued request older than this gets 504
@@ -86,6 +89,9 @@ class Limits(_Strict):
 
 
 class Retries(_Strict):
+    """How a preset retries a request that failed before its first byte: attempts in all, and the
+    cap on retries in flight (a share of the requests in flight, with a floor)."""
+
     # Attempts in all, the first included. Three, because with two replicas a request can meet both
     # failures at once: a dead replica and a live one closing a stale keep-alive connection.
     attempts: int = Field(3, ge=1, le=5)
@@ -96,6 +102,9 @@ class Retries(_Strict):
 
 
 class Prefix(_Strict):
+    """What the prefix step does with volatile content (timestamps, ids) in the leading system
+    prompt: nothing, report it, move it to the end of the last user message, or remove it."""
+
     volatile: Volatile = "off"
 
     @field_validator("volatile", mode="before")
@@ -106,6 +115,10 @@ class Prefix(_Strict):
 
 
 class Health(_Strict):
+    """Probe and ejection settings shared by every replica: the probe interval and timeout, the
+    streaks that bring a replica up or down, live failures before ejection and the ejection's
+    length, and whether replicas' own metrics are scraped."""
+
     interval: float = Field(5.0, gt=0)
     timeout: float = Field(2.0, gt=0)
     healthy_threshold: int = Field(2, ge=1)
@@ -131,6 +144,10 @@ class Launch(_Strict):
 
 
 class ReplicaSpec(_Strict):
+    """One replica as routes.yaml declares it: a unique name, the server root URL (no path or
+    credentials), its engine, the environment variable holding its key, and, for a replica the
+    gateway launches, the launch, device use, idle unload and `keep`."""
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str
     engine: Engine
@@ -155,6 +172,9 @@ class ReplicaSpec(_Strict):
 
 
 class Discover(_Strict):
+    """A preset's replicas found in DNS: the name and port to resolve, their engine, how often
+    (seconds), the scheme and the environment variable holding their key."""
+
     dns: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
     engine: Engine
@@ -198,6 +218,10 @@ class _Inherited(_Strict):
 
 
 class PresetSpec(_Inherited):
+    """One preset as routes.yaml declares it: the inherited settings it overrides, the model its
+    replicas serve, its names, capabilities, replicas (listed or discovered) and fallback
+    presets."""
+
     served_model: str = Field(min_length=1)
     # What the preset is good at, in a sentence: the MCP tools' descriptions quote it to orchestrators.
     description: str = Field(default="", max_length=300)
@@ -220,6 +244,9 @@ class SharedState(_Strict):
 
 
 class Routing(_Strict):
+    """Which preset takes a request that names no model or task, and which takes images the chosen
+    preset cannot read."""
+
     default: str
     images: str | None = None
 
@@ -326,6 +353,10 @@ class ServerTools(_Strict):
 
 
 class RoutesFile(_Strict):
+    """The whole routes.yaml as validated (unknown keys refused): defaults, health, devices,
+    preloads, restarts, presets, tasks, routing, keys, shared state and server tools. `build_table`
+    checks what spans sections."""
+
     defaults: _Inherited = _Inherited()
     health: Health = Health()
     devices: dict[str, float] = Field(default_factory=dict)  # GiB each device offers to the fleet
@@ -355,6 +386,9 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Preset:
+    """One preset with every setting resolved (its own, else `defaults`, else the built-in
+    defaults): what the request path, fleet and balancer read. Immutable."""
+
     name: str
     served_model: str
     aliases: tuple[str, ...]
@@ -382,12 +416,18 @@ class Preset:
 
 
 class Route(NamedTuple):
+    """The preset a request resolved to, and why (the metric label)."""
+
     preset: Preset
     reason: RouteReason
 
 
 @dataclass(frozen=True)
 class Table:
+    """The validated routing table, immutable: presets, tasks, default and images presets, health,
+    devices, keys and shared-state settings, with an index of exact names and alias patterns.
+    `lookup` and `resolve` map a request to a preset; a reload builds a new one."""
+
     presets: Mapping[str, Preset]
     tasks: Mapping[str, str]
     default: str
@@ -505,6 +545,10 @@ def parse_table(text: str, source: str = "<memory>") -> Table:
 
 
 def build_table(spec: RoutesFile, source: str = "<memory>") -> Table:
+    """Builds the table from a validated routes file: checks what spans sections (targets that are
+    presets, unique aliases and replicas, launches against devices), resolves each preset's
+    settings, and indexes names, aliases and patterns. Raises `TableError` with every problem
+    found."""
     problems = _cross_check(spec)
     if problems:
         raise TableError(f"{source}: " + "; ".join(problems))

@@ -27,6 +27,9 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 @dataclass(frozen=True)
 class Hit:
+    """One search result as the model and the client see it: URL, title, snippet and the page's age
+    where the backend gave one."""
+
     url: str
     title: str
     snippet: str
@@ -35,6 +38,9 @@ class Hit:
 
 @dataclass(frozen=True)
 class Searched:
+    """What a `web_search` call came to: its query and hits, or the error code the Messages dialect
+    names the failure by."""
+
     query: str
     hits: tuple[Hit, ...] = ()
     error: str | None = None  # web_search_tool_result_error code
@@ -42,6 +48,9 @@ class Searched:
 
 @dataclass(frozen=True)
 class Fetched:
+    """What a `web_fetch` call came to: the page's URL, title, text (cut to the policy's size, then
+    `truncated`) and retrieval time, or the error code the Messages dialect names the failure by."""
+
     url: str
     title: str = ""
     text: str = ""
@@ -75,6 +84,9 @@ class Executor:
     async def search(
         self, query: object, allowed: Sequence[str] | None = None, blocked: Sequence[str] | None = None
     ) -> Searched:
+        """Runs one `web_search` on the configured SearXNG backend: the hits, at most `max_results`,
+        with the client's allowed and blocked domains applied. A bad or overlong query, a missing
+        backend or a failed search comes back as an error code, never raised."""
         backend = self.search_backend
         if not isinstance(query, str) or not query.strip():
             return Searched(str(query or ""), error="invalid_tool_input")

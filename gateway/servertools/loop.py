@@ -39,6 +39,9 @@ class ServerCalls:
 
 @dataclass(frozen=True)
 class Ran:
+    """What the loop produced for one request: the client's whole answer, the model rounds it took
+    and the searches and fetches that succeeded."""
+
     answer: dict[str, Any]  # the client's answer, whole
     rounds: int
     searches: int
@@ -79,6 +82,10 @@ class Loop:
         self.executor = executor
 
     async def run(self, body: dict[str, Any], found: ServerCalls, send: Send) -> Ran:
+        """Sends rounds through `send` until the model answers without a server-tool call, also
+        calls a client tool, or `max_rounds` is reached (the last round asked to call none); runs
+        each call within its `max_uses` and, for fetches, only for URLs already in the conversation
+        or a result. Returns the combined answer and counts."""
         wire, declared = found.wire, found.declared
         seen = bytearray(orjson.dumps(body))  # what a fetched URL must appear in, when required
         uses: Counter[str] = Counter()

@@ -24,6 +24,9 @@ def _event(kind: str, payload: Mapping[str, Any]) -> Event:
 
 
 def messages_events(message: Mapping[str, Any]) -> list[Event]:
+    """A whole Messages answer as the events of its stream, each `(kind, bytes)`: `message_start`
+    (usage with no output tokens yet), each block's start, delta(s) and stop, `message_delta` with
+    the stop reason and usage, and `message_stop`."""
     given = message.get("usage")
     usage: dict[str, Any] = given if isinstance(given, dict) else {}
     start = {

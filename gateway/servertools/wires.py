@@ -150,9 +150,16 @@ class Wire:
 
 
 class MessagesWire(Wire):
+    """Server tools in Anthropic Messages: `web_search_*` and `web_fetch_*` declarations become
+    function tools for the engine, replayed server blocks become the `tool_use` and `tool_result`
+    turns the engine saw, and the final answer carries `server_tool_use` and result blocks with
+    `usage.server_tool_use`."""
+
     RESULT_TYPES = {SEARCH: "web_search_tool_result", FETCH: "web_fetch_tool_result"}
 
     def declared(self, body: Mapping[str, Any]) -> dict[str, Declared]:
+        """The server tools a Messages request declares, by name: each `web_search_*` or
+        `web_fetch_*` tool with its `max_uses` and allowed and blocked domains."""
         found: dict[str, Declared] = {}
         tools = body.get("tools")
         for tool in tools if isinstance(tools, list) else ():
@@ -295,6 +302,10 @@ class MessagesWire(Wire):
         return {**body, "tool_choice": {"type": "none"}}
 
     def final(self, answers: Sequence[Mapping[str, Any]], executed: Sequence[Executed]) -> dict[str, Any]:
+        """The client's one answer from every round: each executed call as a `server_tool_use` block
+        followed by its result block, the rest of the content as it came, the last round's envelope,
+        the rounds' output tokens summed and the successful searches and fetches in
+        `usage.server_tool_use`."""
         content: list[Any] = []
         counts = {SEARCH: 0, FETCH: 0}
         for answer, done in zip(answers, executed, strict=True):
@@ -363,6 +374,10 @@ NOT_KEPT = 'Web search for "{query}": its results are not kept in the conversati
 
 
 class ResponsesWire(Wire):
+    """Server tools in the Responses API (Codex's `web_search`): the engine gets a `web_search`
+    function, replayed `web_search_call` items become a call and a note that the results were not
+    kept, and the client gets `web_search_call` items."""
+
     def declared(self, body: Mapping[str, Any]) -> dict[str, Declared]:
         tools = body.get("tools")
         for tool in tools if isinstance(tools, list) else ():
@@ -373,6 +388,9 @@ class ResponsesWire(Wire):
         return {}
 
     def prepare(self, body: dict[str, Any], declared: Mapping[str, Declared]) -> None:
+        """Replaces the request's web-search tools (and any function of the same name) with one
+        `web_search` function, and each replayed `web_search_call` item with a function call and an
+        output saying its results were not kept; changes `body` in place."""
         tools = body.get("tools")
         kept = [
             t
@@ -438,6 +456,9 @@ class ResponsesWire(Wire):
     def follow_up(
         self, body: dict[str, Any], answer: Mapping[str, Any], executed: Executed
     ) -> dict[str, Any]:
+        """The next round's request: the input so far (a string input becomes a user message), the
+        answer's function calls and messages (its reasoning left out), and an output item per
+        executed call."""
         given = body.get("input")
         items = list(given) if isinstance(given, list) else [{"role": "user", "content": str(given or "")}]
         output = answer.get("output")
@@ -456,6 +477,9 @@ class ResponsesWire(Wire):
         return {**body, "tool_choice": "none"}
 
     def final(self, answers: Sequence[Mapping[str, Any]], executed: Sequence[Executed]) -> dict[str, Any]:
+        """The client's one answer from every round: each executed search as a `web_search_call`
+        item with its query and sources, other items as they came, the last round's envelope and,
+        where usage was given, the rounds' output tokens summed."""
         output: list[Any] = []
         for answer, done in zip(answers, executed, strict=True):
             by_id = {call.id: (call, result) for call, result in done}

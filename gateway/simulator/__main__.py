@@ -14,6 +14,8 @@ from gateway.simulator.engine import SimConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The simulator's command line: engine, port and model, plus one flag per other `SimConfig`
+    field (with its type and default), so the flags never drift from the dataclass."""
     parser = argparse.ArgumentParser(prog="python -m gateway.simulator", description=__doc__)
     parser.add_argument("--engine", choices=("vllm", "llamacpp"), required=True)
     parser.add_argument("--port", type=int, required=True)

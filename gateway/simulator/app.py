@@ -131,6 +131,9 @@ def _any_slot(idle: list[int], prompt: bytes) -> tuple[int, int]:
 
 @dataclasses.dataclass
 class Counters:
+    """A simulated replica's running totals, read by its metrics and `/sim/stats` and zeroed by
+    `/sim/reset`."""
+
     requests: int = 0
     completed: int = 0
     aborted: int = 0
@@ -206,6 +209,10 @@ class Replica:
         await _send_json(send, 200, body)
 
     async def generate(self, wire: Wire, raw: bytes, scope: Scope, send: Send) -> None:
+        """Serves one generation request as the configured engine would: refusals in its error
+        shape, then a slot taken (queued when all are busy), prefill and decode paced by the
+        configured speeds, the prefix cache consulted and updated, and the answer sent whole or
+        streamed, with vLLM's headers before the slot and llama-server's after it."""
         cfg = self.cfg
         try:
             prep = wire.prepare(cfg, raw, _header(scope, b"content-type"))
@@ -292,6 +299,8 @@ class Replica:
         return _json(dialect.llama_props(self.cfg))
 
     async def slots(self, request: Request) -> Response:
+        """llama-server's `GET /slots`: each slot's context size and whether it is busy; with
+        `fail_on_no_slot=1`, a 503 when no slot is idle."""
         if request.query_params.get("fail_on_no_slot") == "1" and not self.pool.idle:
             return _json(engine.llama_error(503, "no slot available", "unavailable_error").payload, 503)
         busy = set(range(self.cfg.slots)) - set(self.pool.idle)
@@ -309,6 +318,9 @@ class Replica:
         )
 
     async def metrics(self, request: Request) -> Response:
+        """`GET /metrics` in the engine's own Prometheus names (running and waiting requests, KV and
+        prefix cache use, prompt and generated tokens); a llama-server started without `metrics`
+        answers 501."""
         c, cfg, running, waiting = self.counters, self.cfg, self.pool.running, len(self.pool.waiters)
         if self.vllm:
             text = dialect.prometheus(
@@ -367,6 +379,9 @@ class Replica:
         return _json({"ok": True})
 
     async def sim_config(self, request: Request) -> Response:
+        """`POST /sim/config`: changes the speed knobs, the failure to inject (and how many times)
+        and the misbehaviour modes from a JSON object; answers 400 for an unknown or ill-typed knob,
+        else the knobs now in force."""
         try:
             patch = orjson.loads(await request.body())
             if not isinstance(patch, dict):

@@ -17,6 +17,9 @@ class BlockCache:
         self.blocks: OrderedDict[int, None] = OrderedDict()
 
     def match_and_insert(self, prompt: bytes, salt: str | None = None) -> int:
+        """The prompt's cached tokens (whole blocks of the salted hash chain, at most all but one
+        token), after which every full block of it is inserted as most recently used and the oldest
+        evicted past capacity."""
         size = 4 * self.block_size
         count = n_tokens(prompt)
         parent = hash(("salt", salt))

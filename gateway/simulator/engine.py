@@ -34,6 +34,11 @@ _SAMPLE: dict[str, Any] = {"string": "example", "integer": 1, "number": 1.5, "bo
 
 @dataclass(frozen=True)
 class SimConfig:
+    """One simulated replica's configuration: its engine and served model, speeds, slots and
+    context, cache geometry, what it answers and supports, and injected quirks. Validated on
+    creation (`ValueError`); the CLI has a flag per field and `/sim/config` changes the speed knobs
+    live."""
+
     engine: Engine
     model: str
     seed: int = 0
@@ -160,6 +165,9 @@ def _call_text(call: Any) -> str:
 
 
 def render_chat(cfg: SimConfig, messages: list[Json], tools: list[Any], thinking: bool) -> str:
+    """The prompt a Qwen-style ChatML template would render: the system message with the tools
+    block, each turn (assistant tool calls as `<tool_call>` text, tool results as user turns), the
+    open assistant turn, and an empty think block when thinking is off."""
     parts: list[str] = []
     block = ""
     if tools:
@@ -251,6 +259,10 @@ def tool_arguments(tool: Json) -> str:
 
 @dataclass(frozen=True)
 class Prepared:
+    """A request as the simulated engine accepted it: its kind, stream and usage options, rendered
+    prompt and its token count, thinking, token budget, the tool it will call, cache salt, and the
+    script or metadata its answer needs."""
+
     kind: Literal["chat", "completion"]
     stream: bool
     include_usage: bool
@@ -421,6 +433,9 @@ def prepare_body(
 
 @dataclass(frozen=True)
 class Output:
+    """What the simulated model generates for one request: reasoning and content tokens, a tool
+    call, the finish reason, and whether the answer began before the budget ran out."""
+
     reasoning: tuple[str, ...]
     content: tuple[str, ...]
     tool_call: Json | None

@@ -13,6 +13,10 @@ from gateway.errors import QueueFull, QueueTimeout
 
 
 class Gate:
+    """One named key's concurrency gate in this process: `enter` takes a place or waits for one in
+    arrival order, `leave` hands the freed place to the oldest waiter. The team keeps one per key
+    with a `concurrent` limit, held for a request until its answer ends."""
+
     def __init__(self) -> None:
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -22,6 +26,9 @@ class Gate:
         return len(self._waiters)
 
     async def enter(self, name: str, limit: int, timeout: float, queue: int) -> None:
+        """Takes one of `limit` places for key `name`, waiting in line when none is free or others
+        wait first. Raises `QueueFull` when `queue` requests already wait and `QueueTimeout` after
+        `timeout` seconds; a waiter cancelled after it was handed a place gives it back."""
         if self.in_flight < limit and not self._waiters:
             self.in_flight += 1
             return

@@ -28,6 +28,8 @@ _NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
 
 
 class LimitsSpec(BaseModel):
+    """A named key's limits as routes.yaml or a keys file declares them; each is off when unset."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrent: int | None = Field(None, ge=1)
@@ -37,6 +39,10 @@ class LimitsSpec(BaseModel):
 
 
 class KeySpec(BaseModel):
+    """A named key as declared: its name, the key itself by exactly one source (an environment
+    variable or a SHA-256 digest), the presets it may use (None: all), its priority, limits and
+    admin flag."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=_NAME)
@@ -55,6 +61,8 @@ class KeySpec(BaseModel):
 
 
 class KeysFile(BaseModel):
+    """A `GATEWAY_KEYS_FILE`: the same `keys:` list as routes.yaml, nothing else."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     keys: list[KeySpec] = Field(default_factory=list)

@@ -63,6 +63,10 @@ CURRENT, SKIP = "", "-"
 
 
 class Counters(Protocol):
+    """What the team calls on its counters, in this process or shared through Redis: `start` once,
+    `admit` at admission (a denial, or a ticket and reservation), `charge` when the answer ended,
+    `usage` for the figures, `close` at shutdown; `condition` and `round_trips` for metrics."""
+
     @property
     def round_trips(self) -> int: ...
 
@@ -221,6 +225,10 @@ class RedisCounters:
         return day_of(self._clock() if self._clock is not None else time.time())
 
     async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
+        """Runs the admission script in one round trip: checks the key's rate and token windows,
+        logs the request, reserves `reserve` tokens and takes the preset's round-robin ticket.
+        Returns the ticket and the reservation with its Redis buckets, or the denial with its retry
+        time."""
         self._member += 1
         p = self.prefix
         keys = [f"{p}rpm:{key}", f"{p}tpm:{key}", f"{p}tpd:{key}", f"{p}ticket:{preset}"]
@@ -364,6 +372,9 @@ class SharedCounters:
             self._lost(exc)
 
     async def admit(self, key: str, limits: KeyLimits, preset: str, reserve: int = 0) -> Admission:
+        """Admits through Redis while it is reachable, mirroring the reservation in this process's
+        windows so limits hold for requests in flight if Redis goes away; otherwise admits on the
+        local windows alone."""
         if await self._reachable():
             try:
                 admission = await self.remote.admit(key, limits, preset, reserve)
@@ -383,6 +394,9 @@ class SharedCounters:
     async def charge(
         self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None
     ) -> None:
+        """Charges a finished request: always in the local windows, and in Redis when reachable;
+        otherwise keeps the usage, and the settlement of a reservation Redis holds, bounded, to add
+        to Redis once it answers again."""
         # The local windows always see the tokens: they are what limits rest on during an outage.
         self.local.settle_tokens(key, usage.charged, reservation)
         if await self._reachable():

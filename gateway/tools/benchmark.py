@@ -70,6 +70,10 @@ TOKEN_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 @dataclass(frozen=True)
 class Options:
+    """One bench run's settings from the command line: the target and its key, the routing table,
+    which presets, the output file, the sizes of the timed requests, and the checks' budget and
+    timeout."""
+
     url: str = DEFAULT_URL
     api_key: str | None = None
     routes: Path | None = None
@@ -85,6 +89,10 @@ class Options:
 
 @dataclass
 class Target:
+    """One preset (or model) to measure: the name the requests carry, what its replicas serve,
+    whether it reads images, its settings from the routing table, and its replicas with their
+    contexts."""
+
     name: str  # the `model` the requests carry
     served_model: str | None
     vision: bool
@@ -99,6 +107,9 @@ class Target:
 
 @dataclass
 class Sample:
+    """One timed, streamed request as measured by the bench: start and end, time to first token,
+    decode rate, token counts, and the replica and rewrites the gateway reported."""
+
     started: float
     ended: float = 0.0
     ttft_s: float | None = None
@@ -118,6 +129,10 @@ def _transport_error(exc: Exception) -> BenchError:
 
 
 class Client:
+    """The bench's HTTP client for one endpoint, sending the key as a bearer token: JSON GETs, whole
+    chat completions and timed streams. Transport failures, non-200 answers and non-JSON replies
+    raise `BenchError`."""
+
     def __init__(self, http: httpx2.AsyncClient, base: str, api_key: str | None) -> None:
         self.http = http
         self.base = base
@@ -138,6 +153,8 @@ class Client:
             raise BenchError(f"{url} did not answer JSON") from None
 
     async def complete(self, body: Json) -> tuple[Json, str | None]:
+        """One whole chat completion: the answer as a JSON object and the replica that served it
+        (from `x-gateway-replica`, None without a gateway); raises `BenchError` on any failure."""
         try:
             response = await self.http.post(
                 self.base + "/v1/chat/completions", json=body, headers=self.headers
@@ -308,6 +325,9 @@ def _tool_error(exc: BenchError) -> str:
 
 
 class Bench:
+    """Measures one target after another with a shared client and progress line: decode, cold and
+    repeated long prompt, parallel streams, a tool call and, for vision presets, an image."""
+
     def __init__(self, client: Client, opts: Options, progress: Progress) -> None:
         self.client, self.opts, self.progress = client, opts, progress
 
@@ -324,6 +344,9 @@ class Bench:
         return await self.client.stream(body, tick)
 
     async def preset(self, target: Target, base: Json) -> Json:
+        """Runs every step for one target and returns its JSON record (`base` plus results, the
+        replica of each step, notes and per-step errors); a failed decode ends the record there with
+        `error`, since every other step would fail the same way."""
         opts, progress = self.opts, self.progress
         results: Json = {
             "decode_tps": None,
@@ -475,6 +498,9 @@ class Bench:
         raise AssertionError("unreachable")
 
     async def parallel(self, target: Target) -> tuple[Json, list[str | None]]:
+        """Runs `parallel` streams at once: the aggregate and per-request decode rates, token count
+        and wall time, with the replica of each stream. Raises `BenchError` when any stream
+        fails."""
         n = self.opts.parallel
         count = 0
 

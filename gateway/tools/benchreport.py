@@ -200,6 +200,8 @@ def model_context(models: Any, served: str | None) -> int | None:
 
 
 def preset_settings(preset: Preset) -> Json:
+    """A preset's resolved settings as JSON, stored in each bench record so that results can be
+    compared with the configuration that produced them."""
     return {
         "served_model": preset.served_model,
         "aliases": list(preset.aliases),
@@ -219,6 +221,8 @@ def preset_settings(preset: Preset) -> Json:
 
 
 def check_tool(answer: Json) -> tuple[bool, str]:
+    """Whether the tool-call check's answer holds a parsed call of `get_weather` with a JSON object
+    for arguments: `(ok, detail)`, the detail saying what was called or what went wrong."""
     choices = answer.get("choices") or [{}]
     message = choices[0].get("message") or {}
     calls = message.get("tool_calls")
@@ -472,6 +476,9 @@ COLDNESS = {False: " (not cold)", None: " (cold? unknown)"}
 
 
 def summary_line(record: Json) -> str:
+    """One preset's bench record as the line printed at the end: its decode rate, cold and repeat
+    TTFT, decode with context, parallel rate, the tool and image checks and the failed steps, or the
+    error that stopped it."""
     name = record.get("preset")
     if record.get("error"):
         return f"{name}: FAILED: {record['error']}"

@@ -52,6 +52,8 @@ def from_table(table: Table) -> list[PresetInfo]:
 
 
 def from_catalogue(cards: Sequence[dict[str, object]]) -> list[PresetInfo]:
+    """The presets from a running gateway's `/v1/models` cards, with their replicas' context
+    lengths; alias cards are skipped, and a missing budget counts as 8192 tokens."""
     found = []
     for card in cards:
         if "preset" in card or not isinstance(card.get("id"), str):

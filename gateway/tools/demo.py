@@ -20,6 +20,9 @@ log = logging.getLogger("gateway.tools.demo")
 
 @dataclass(frozen=True)
 class DemoReplica:
+    """One simulated replica of the demo fleet: its name, engine, served model, decode speed,
+    whether its template thinks by default, and its slots."""
+
     name: str
     engine: str
     model: str
@@ -121,6 +124,8 @@ async def start_replicas(ports: dict[str, int]) -> list[SimServer]:
 
 
 def banner(url: str) -> str:
+    """The text printed when the demo starts: where it listens, example requests by model and by
+    task, the OpenAI client setting, and the models, metrics and ready URLs."""
     return "\n".join(
         [
             f"Fleet Gateway demo on {url}: the example fleet on 6 simulated replicas (no GPU needed).",

@@ -20,6 +20,9 @@ from gateway.upstream import UpstreamClient, UpstreamError, create_client
 
 @dataclass(frozen=True)
 class Finding:
+    """What probing one replica found: whether it was reachable, its `/health` status, the models
+    and context it serves, and the problem, if any, that should stop the table going live."""
+
     preset: str
     replica: str
     engine: str
@@ -31,6 +34,9 @@ class Finding:
 
 
 async def probe_replica(client: UpstreamClient, preset: Preset, spec: ReplicaSpec, timeout: float) -> Finding:
+    """Asks one replica for `/health` and `/v1/models` with its key: a problem when it is
+    unreachable, not answering 200, or (vLLM) not serving the preset's model name. Never raises for
+    the replica's failures."""
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
     headers = [("authorization", f"Bearer {key}")] if key else []
 
@@ -77,6 +83,7 @@ async def probe_table(
 
 
 def render(findings: list[Finding]) -> str:
+    """The findings as an aligned table, one row per replica, ending in OK or the problem."""
     rows = [("preset", "replica", "engine", "health", "serves", "context", "status")]
     for f in findings:
         rows.append(

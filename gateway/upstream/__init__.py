@@ -21,40 +21,64 @@ from typing import ClassVar, NamedTuple, Protocol
 
 
 class UpstreamError(Exception):
+    """A transport failure talking to a replica, whatever the client library; `kind` is its bounded
+    label in retry records and error codes, and the request path translates it into a
+    `GatewayError`."""
+
     kind: ClassVar[str] = "upstream_error"
 
 
 class ConnectFailed(UpstreamError):
+    """The connection to the replica could not be made: the request never reached it, so a retry is
+    safe."""
+
     kind = "connect_error"
 
 
 class Reset(UpstreamError):
+    """The connection closed or reset before any response headers came."""
+
     kind = "reset"
 
 
 class HeaderTimeout(UpstreamError):
+    """No response headers arrived within the first-byte timeout."""
+
     kind = "header_timeout"
 
 
 class ProtocolFailure(UpstreamError):
+    """The replica answered something that is not valid HTTP."""
+
     kind = "protocol_error"
 
 
 class BodyFailed(UpstreamError):
+    """The connection broke after the headers, while the body was arriving."""
+
     kind = "upstream_disconnected"
 
 
 class IdleTimeout(UpstreamError):
+    """The body stalled between chunks for longer than the idle timeout."""
+
     kind = "idle_timeout"
 
 
 class Timeouts(NamedTuple):
+    """One request's timeouts in seconds: to connect, to the response headers, and between body
+    chunks."""
+
     connect: float
     first_byte: float | None  # response headers; None = bounded only by the caller's deadline
     idle: float | None  # between body chunks
 
 
 class UpstreamResponse(Protocol):
+    """A replica's response once its headers arrived: status, headers, and the body read in pieces
+    or whole; `close` must be called, and aborts the connection when the body was not read to the
+    end."""
+
     status: int
     headers: Mapping[str, str]  # case-insensitive
 
@@ -72,6 +96,10 @@ class UpstreamResponse(Protocol):
 
 
 class UpstreamClient(Protocol):
+    """The HTTP client the gateway reaches replicas with: `send` for requests, `get` for probes,
+    `aclose` at shutdown; every failure is raised as an `UpstreamError`. `create_client` picks the
+    implementation."""
+
     async def send(
         self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
     ) -> UpstreamResponse:
@@ -87,7 +115,8 @@ class UpstreamClient(Protocol):
 
 
 # Below the replicas' own keep-alive (uvicorn: 5 s) so the gateway never reuses a connection the
-# replica is closing at that moment (the keep-alive race, NeMo Gym #1555).
+# replica is closing at that moment (the keep-alive race: a request written onto a connection the
+# replica is closing fails with a reset).
 KEEPALIVE_EXPIRY = 4.0
 PROBE_BODY_LIMIT = 1024 * 1024
 # A slow client must not make the gateway hold a replica's burst whole: bodies come in pieces of at
@@ -99,6 +128,9 @@ UPSTREAM_RCVBUF = 512 * 1024
 
 
 def create_client(kind: str = "lean", keepalive_expiry: float = KEEPALIVE_EXPIRY) -> UpstreamClient:
+    """The upstream client named by `kind` (`GATEWAY_HTTP_CLIENT`: `lean`, `aiohttp` or `httpx2`),
+    its idle connections dropped after `keepalive_expiry` seconds. Raises `ValueError` for an
+    unknown kind or for `aiohttp` without its extra installed."""
     if kind == "aiohttp":
         try:
             from gateway.upstream.aiohttp_client import AiohttpClient

@@ -75,6 +75,8 @@ class _Response:
         self._finished = True
 
     async def read(self, limit: int | None = None) -> bytes:
+        """The body, or its first `limit` bytes (reading stops once that many arrived); a failure
+        while reading raises `IdleTimeout` or `BodyFailed`."""
         with _in_body():
             if limit is None:
                 data = await self._response.read()
@@ -111,6 +113,10 @@ def _socket(addr_info: tuple[Any, ...]) -> socket.socket:
 
 
 class AiohttpClient:
+    """The upstream client on aiohttp: one session created on first use, with no connection cap
+    below the gateway's admission limits, small receive buffers for backpressure, no redirects,
+    cookies or decompression; aiohttp's errors are raised as `UpstreamError`s."""
+
     def __init__(self, keepalive_expiry: float) -> None:
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
@@ -136,6 +142,10 @@ class AiohttpClient:
     async def send(
         self, url: str, headers: list[tuple[str, str]], body: bytes, timeouts: Timeouts, method: str = "POST"
     ) -> _Response:
+        """Sends one request and returns once its response headers arrived (within
+        `timeouts.first_byte` when set), the body left to read; the connect and idle timeouts apply
+        per socket operation. Failures before the headers raise `ConnectFailed`, `HeaderTimeout`,
+        `Reset` or `ProtocolFailure`."""
         timeout = self._timeouts.get((timeouts.connect, timeouts.idle))
         if timeout is None:
             timeout = aiohttp.ClientTimeout(

@@ -76,6 +76,10 @@ class _Response:
 
 
 class HttpxClient:
+    """The upstream client on httpx2: one client created on first use, with no connection cap below
+    the gateway's admission limits, no redirects and no environment proxies; httpx's errors are
+    raised as `UpstreamError`s."""
+
     def __init__(self, keepalive_expiry: float) -> None:
         self._keepalive_expiry = keepalive_expiry
         self._client: httpx2.AsyncClient | None = None
