@@ -241,7 +241,8 @@ TEMPLATE_500 = {
 
 
 def test_case_06_upstream_400_is_forwarded_not_retried() -> None:
-    """Case 6: upstream 400: 1 attempt, status and message kept (<= 4 KiB, scrubbed), no ejection."""
+    """An upstream 400: one attempt, the status and the replica's message kept (<= 4 KiB, its
+    addresses scrubbed), no ejection."""
     with (
         fault_server(default=Reply(400, LLAMA_400), name="A") as a,
         fault_server(name="B") as b,
@@ -251,7 +252,13 @@ def test_case_06_upstream_400_is_forwarded_not_retried() -> None:
         assert response.status == 400
         assert response.header("x-request-id")
         error = response.json()["error"]
-        assert error["message"].startswith("request (5000 tokens) exceeds the available context size")
+        # A context overflow is told in the client's own dialect (OpenAI's words, which agents match),
+        # the replica's own message after it.
+        assert error["message"].startswith(
+            "This model's maximum context length is 4096 tokens. However, your messages resulted in 5000"
+        )
+        assert "request (5000 tokens) exceeds the available context size" in error["message"]
+        assert error["code"] == "context_length_exceeded"
         assert len(error["message"]) <= 4096
         assert "10.1.2.3" not in error["message"]
         assert len(a.chat_requests) + len(b.chat_requests) == 1

@@ -23,6 +23,7 @@ from gateway.dialects.registry import dialect_for
 from gateway.edge.reject import Recorder, endpoint_label
 from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
 from gateway.ops.exchange import Exchange
+from gateway.pipeline.disconnect import ClientLink
 
 # The request line and the blank line come on top of the header bytes the guard counts exactly.
 HEAD_SLACK = 16 * 1024
@@ -52,6 +53,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_timer: TimerHandle | None = None
         self._head_bytes = 0
+        self._link: ClientLink | None = None  # the latest request's (pipeline/disconnect.py)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -68,6 +70,8 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head()
         super().connection_lost(exc)
+        if self._link is not None:
+            self._link.lost()
 
     def data_received(self, data: bytes) -> None:
         """Counts the bytes read while a head is open, hands them to httptools, then refuses with
@@ -97,7 +101,14 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._stop_head()
+        # Set before uvicorn starts the app's task (it runs only once this read is parsed).
+        self._link = self.scope["gateway.link"] = ClientLink()  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._link is not None:
+            self._link.body_complete = True
 
     def _start_head(self) -> None:
         self._head_bytes = 0

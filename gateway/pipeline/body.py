@@ -21,16 +21,19 @@ from gateway.settings import Settings
 from gateway.types import Receive
 
 
-async def read_request(receive: Receive, headers: dict[str, str], settings: Settings) -> bytes | bytearray:
+async def read_request(
+    receive: Receive, headers: dict[str, str], settings: Settings, arrived: bool = False
+) -> bytes | bytearray:
     """The request's body as the client meant it: read within the size and time limits, then
-    inflated when it came compressed (on a worker thread when large). Raises ClientGone when the
-    client leaves, a GatewayError when the body breaks a limit."""
+    inflated when it came compressed (on a worker thread when large). `arrived`: the connection
+    has the whole body already (no wait, so no timer). Raises ClientGone when the client leaves,
+    a GatewayError when the body breaks a limit."""
     length = headers.get("content-length")
     raw = await read_body(
         receive,
         int(length) if length and length.isdigit() else None,
         settings.max_body_bytes,
-        settings.body_timeout,
+        None if arrived else settings.body_timeout,
     )
     encoding = headers.get("content-encoding", "")
     if not encoding:
@@ -49,9 +52,10 @@ async def parse(raw: bytes | bytearray, settings: Settings) -> tuple[dict[str, A
 
 
 async def read_body(
-    receive: Receive, content_length: int | None, limit: int, timeout: float
+    receive: Receive, content_length: int | None, limit: int, timeout: float | None
 ) -> bytes | bytearray:
-    """The whole body, or a 413 without reading it when Content-Length already says it is too big.
+    """The whole body, or a 413 without reading it when Content-Length already says it is too big;
+    a 408 when it takes longer than `timeout` (None: it is known to be there already).
 
     A body in several pieces is gathered into one bytearray as the pieces come, never joined at
     the end: joining 32 MiB at once holds the event loop for tens of milliseconds. Everything
@@ -59,30 +63,36 @@ async def read_body(
     """
     if content_length is not None and content_length > limit:
         raise _too_large(limit)
+    if timeout is None:
+        return await _gather(receive, limit)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _gather(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout:g} s") from None
+
+
+async def _gather(receive: Receive, limit: int) -> bytes | bytearray:
     first: bytes | None = None
     gathered: bytearray | None = None
     size = 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                chunk = message.get("body", b"")
-                if chunk:
-                    size += len(chunk)
-                    if size > limit:
-                        raise _too_large(limit)
-                    if first is None:
-                        first = chunk
-                    else:
-                        if gathered is None:
-                            gathered = bytearray(first)
-                        gathered += chunk
-                if not message.get("more_body", False):
-                    break
-    except TimeoutError:
-        raise RequestTimeout(f"The request body did not arrive within {timeout:g} s") from None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            if first is None:
+                first = chunk
+            else:
+                if gathered is None:
+                    gathered = bytearray(first)
+                gathered += chunk
+        if not message.get("more_body", False):
+            break
     if gathered is not None:
         return gathered
     return first if first is not None else b""

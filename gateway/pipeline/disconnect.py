@@ -1,15 +1,20 @@
-"""The client's presence: a watcher beside each request that notices when its client leaves.
+"""The client's presence: what notices when a request's client leaves.
 
-When the client disconnects, in any phase, the watcher cancels the request's task, and
-cancellation closes the upstream connection: vLLM aborts the request, llama-server frees the slot,
-and no GPU time goes to an answer nobody reads. A cancellation that did not come from the watcher
-(the server stopping) is told apart by `client_left`.
+When the client disconnects, in any phase, the request's task is cancelled, and cancellation
+closes the upstream connection: vLLM aborts the request, llama-server frees the slot, and no GPU
+time goes to an answer nobody reads. A cancellation that did not come from here (the server
+stopping) is told apart by `client_left`.
+
+Under the gateway's own server the connection says so itself (`ClientLink`, set up by
+edge/connection.py): its `connection_lost` calls the request back, and no task waits per request.
+Under any other ASGI server a watcher task waits on `receive()` for `http.disconnect`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,18 +31,51 @@ class Presence:
         self.client_left = False
 
 
+class ClientLink:
+    """What a connection tells the request it carries (`scope["gateway.link"]`): whether the
+    request's body has arrived whole, and a call for when the client goes away. A connection holds
+    the link of its latest request only (as uvicorn tells only its latest request of a
+    disconnect)."""
+
+    __slots__ = ("body_complete", "on_lost")
+
+    def __init__(self) -> None:
+        self.body_complete = False
+        self.on_lost: Callable[[], None] | None = None
+
+    def lost(self) -> None:
+        """The connection closed: tell the request, once."""
+        callback, self.on_lost = self.on_lost, None
+        if callback is not None:
+            callback()
+
+
 @contextmanager
-def watching(receive: Receive) -> Iterator[Presence]:
+def watching(receive: Receive, link: ClientLink | None = None) -> Iterator[Presence]:
     """Watch for the client leaving while the body of the `with` runs in the current task."""
     task = asyncio.current_task()
     assert task is not None
     presence = Presence()
+    if link is not None:
+        link.on_lost = functools.partial(_left, task, presence)
+        try:
+            yield presence
+        finally:
+            presence.serving = False
+            link.on_lost = None
+        return
     watcher = asyncio.get_running_loop().create_task(_watch(receive, task, presence))
     try:
         yield presence
     finally:
         presence.serving = False
         watcher.cancel()
+
+
+def _left(task: asyncio.Task[Any], presence: Presence) -> None:
+    if presence.serving:
+        presence.client_left = True
+        task.cancel()
 
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], presence: Presence) -> None:

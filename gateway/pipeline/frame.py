@@ -28,7 +28,7 @@ from gateway.fleet.replicas import Fleet
 from gateway.fleet.stored import Owner
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Lifecycle, RetryBudget
-from gateway.pipeline.disconnect import watching
+from gateway.pipeline.disconnect import ClientLink, watching
 from gateway.pipeline.tool_images import Describe
 from gateway.relay.respond import Responder
 from gateway.settings import Settings
@@ -95,10 +95,16 @@ class Frame:
                 ex.warnings.append(("thinking_trap", TRAP_WARNING))
             self.ctx.record(ex)
 
-    async def watched(self, receive: Receive, responder: Responder, work: Coroutine[Any, Any, None]) -> None:
+    async def watched(
+        self,
+        receive: Receive,
+        responder: Responder,
+        work: Coroutine[Any, Any, None],
+        link: ClientLink | None = None,
+    ) -> None:
         """Runs `work` while watching for the client leaving; says so in the record when it does."""
         ex = responder.ex
-        with watching(receive) as presence:
+        with watching(receive, link) as presence:
             try:
                 await work
             except asyncio.CancelledError:

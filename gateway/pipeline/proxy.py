@@ -33,6 +33,7 @@ from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Attempt, Dispatcher, RetryBudget, finish
 from gateway.pipeline.blobs import Blobs
 from gateway.pipeline.body import ClientGone, parse, read_request
+from gateway.pipeline.disconnect import ClientLink
 from gateway.pipeline.fallback import Fallbacks, patience
 from gateway.pipeline.frame import Context, Frame
 from gateway.pipeline.prefix import PrefixStep
@@ -101,9 +102,11 @@ class Proxy:
         headers = scope.get("gateway.headers") or header_map(scope)  # read once, at the edge
         ex = self.frame.exchange(endpoint, scope, headers)
         responder = Responder(send, ex, endpoint.dialect, self.ctx.clock)
+        link: ClientLink | None = scope.get("gateway.link")  # from the gateway's own server
         with self.frame.recorded(ex):
             try:
-                raw = await read_request(receive, headers, self.ctx.settings)
+                arrived = link is not None and link.body_complete
+                raw = await read_request(receive, headers, self.ctx.settings, arrived)
             except ClientGone:
                 ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
                 return
@@ -112,7 +115,7 @@ class Proxy:
                 await responder.fail(error)
                 return
             steps = self._steps(endpoint, headers, raw, ex, responder)
-            await self.frame.watched(receive, responder, self.frame.serve(responder, steps))
+            await self.frame.watched(receive, responder, self.frame.serve(responder, steps), link)
 
     async def _steps(
         self,
