@@ -30,7 +30,7 @@ and 8 MiB request bodies, and the gateway's event-loop lag meanwhile (a /health 
 
 Results: a table on stdout and JSON lines appended to bench/results/gateway.jsonl (or --out).
 `--quick` (three rounds of 1 s runs, 200 open streams) takes about a minute; CI runs it
-(tests/test_bench.py) and checks what it reports, never how fast: no figure is compared with a bound.
+(tests/bench/test_bench.py) and checks what it reports, never how fast: no figure is compared with a bound.
 Run from the repository root (`python -m` puts it on the import path).
 """
 

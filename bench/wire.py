@@ -31,7 +31,7 @@ beside those this run sent it (none may be lost or repeated). Before the rounds,
 one unmeasured request on each path. The run stops at `--time-cap` seconds; cells not measured by then are
 missing from the output and the exit status is 1, as it is when any request failed. Every process it
 started is stopped before it exits, also on SIGTERM. Run it from the repository root. `--quick` is
-the CI form (tests/test_bench.py), which checks what it reports and never how fast.
+the CI form (tests/bench/test_bench.py), which checks what it reports and never how fast.
 """
 
 from __future__ import annotations

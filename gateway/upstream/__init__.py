@@ -11,7 +11,7 @@
 Three implementations: `lean` (the default: httptools' response parser under an asyncio Protocol,
 a quarter of aiohttp's CPU per request, see bench/clients.py), `aiohttp` and `httpx2` (the
 maintained continuation of httpx). All are tested against the same contract
-(tests/test_upstream.py), so any can be chosen with `GATEWAY_HTTP_CLIENT`.
+(tests/e2e/test_upstream.py), so any can be chosen with `GATEWAY_HTTP_CLIENT`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 HELLO = [{"role": "user", "content": "hello"}]
 DASH = "\u2013"  # what the page shows for a missing figure
 LAPTOP, PHONE = (1280, 900), (375, 800)

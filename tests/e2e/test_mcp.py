@@ -285,7 +285,7 @@ async def test_the_stdio_bridge_forwards_tools_and_calls(gw: Running) -> None:
 
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "gateway", "mcp", "--url", gw.url],

@@ -33,7 +33,7 @@ from gateway import __version__
 from gateway.routing.table import Table, load_table, parse_table
 from gateway.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE_DIR = DEPLOY / "compose"
 SYSTEMD_DIR = DEPLOY / "systemd"

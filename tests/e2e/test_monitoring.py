@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.harness import eventually, run_gateway
 from tests.support.servers import sim_replica
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "fleet-gateway.json"
 

@@ -33,7 +33,7 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUICK_STREAMS = 200  # open streams in the quick mode's memory test
 QUICK = {"ttft_1": 300, "body_16k": 30, "body_32m": 5, "body_4x8m": 5}  # samples the quick mode takes
 # Memory, not time: the RSS with the quick run's 200 open streams (target 150 MB with 1,000; about

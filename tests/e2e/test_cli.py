@@ -19,7 +19,7 @@ from gateway.simulator import SimConfig, create_app
 from tests.support.harness import eventually
 from tests.support.servers import ThreadServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLEET_GATEWAY = [sys.executable, "-m", "gateway"]
 
 

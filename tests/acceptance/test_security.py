@@ -56,7 +56,7 @@ from tests.support.rawhttp import (
 )
 
 CHAT = "/v1/chat/completions"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # What every real client sends with a JSON body (open mode refuses a body without it).
 JSON = ("Content-Type", "application/json")

@@ -5,7 +5,7 @@ import pytest
 from gateway.errors import BadRequest, ModelNotFound, UnknownTask
 from gateway.routing.table import TableError, load_table, parse_table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 MINIMAL = """
 defaults: {max_tokens: 4096, timeouts: {connect: 3}}
