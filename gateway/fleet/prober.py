@@ -1,4 +1,5 @@
-"""Active health probes: `/health` for readiness, `/v1/models` for the context length and served names.
+"""Active health probes: `/health` for readiness, `/v1/models` for the context length and served names,
+llama-server's `/props` and `/slots` for its slots and what they hold (fleet/slots.py).
 
 The side-effecting half of health: it asks the replicas and feeds the answers to the pure state
 machine in `health.py`. Readiness is `/health` 200 only: vLLM refuses connections while starting,
@@ -77,6 +78,13 @@ class Prober:
                 await self.read_props(replica)
         if result == "ok" and config.scrape_metrics:
             await self.read_metrics(replica)
+        if (
+            result == "ok"
+            and replica.engine == "llamacpp"
+            and (replica.cache.sessions or replica.cache.stale)
+        ):
+            # Corrects the picture after anything the gateway did not send (a restart, another client).
+            await read_slots(self._client, replica)
         return result
 
     async def _fetch(self, replica: Replica, path: str) -> bytes | None:
@@ -101,6 +109,7 @@ class Prober:
         slots = payload.get("total_slots") if isinstance(payload, dict) else None
         if isinstance(slots, int) and slots > 0:
             replica.slots = slots
+            replica.cache.resize(slots)
 
     async def read_metrics(self, replica: Replica) -> None:
         # llama-server without --metrics answers 501: nothing to read, nothing wrong.
@@ -145,6 +154,8 @@ BACKEND_METRICS: dict[str, tuple[str, str]] = {
     "llamacpp:requests_processing": ("requests_running", "sum"),
     "llamacpp:prompt_tokens_total": ("prompt_tokens_processed", "counter"),
     "llamacpp:prompt_tokens_cached_total": ("prompt_tokens_cached", "counter"),
+    # Average prefill speed: what a session's uncached prompt costs there (routing/balancer.py).
+    "llamacpp:prompt_tokens_seconds": ("prompt_tokens_per_second", "max"),
 }
 BACKEND_COUNTERS = frozenset(key for key, how in BACKEND_METRICS.values() if how == "counter")
 
@@ -169,6 +180,27 @@ def parse_backend_metrics(text: str) -> dict[str, float]:
         else:
             found[key] = max(found[key], value) if how == "max" else found[key] + value
     return found
+
+
+SLOTS_TIMEOUT = 2.0
+SLOTS_LIMIT = 4 * 1024 * 1024  # a /slots answer is about 2 KiB per slot
+
+
+async def read_slots(client: UpstreamClient, replica: Replica, timeout: float = SLOTS_TIMEOUT) -> bool:
+    """llama-server's `GET /slots` into the replica's slot picture; False when it could not be read
+    (then the next request of a session is left to the engine to place)."""
+    try:
+        status, body = await client.get(replica.url + "/slots", _auth(replica), timeout)
+    except UpstreamError:
+        return False
+    if status != 200 or len(body) > SLOTS_LIMIT:
+        return False
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    replica.cache.observe(payload)
+    return True
 
 
 def _auth(replica: Replica) -> list[tuple[str, str]]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from gateway.errors import QueueFull, QueueTimeout
 from gateway.fleet.health import HealthState
-from gateway.routing.balancer import Pick, ReplicaView, choose
+from gateway.fleet.slots import SlotMap
+from gateway.routing.balancer import POLICIES, Pick, ReplicaView, choose
 from gateway.routing.table import Health, Preset, ReplicaSpec, Table
 from gateway.types import Clock
 
@@ -39,6 +40,8 @@ class Replica:
     prompt_tokens: int = 0  # reported by the replica, for its prefix-cache hit ratio
     cached_tokens: int = 0
     last_used: float = float("-inf")  # when a request last took or gave back a place (idle unload, LRU)
+    cache: SlotMap = field(default_factory=SlotMap)  # which session holds which slot (fleet/slots.py)
+    waiting: int = 0  # session requests queued for this replica alone (pipeline/attempts.py)
 
     @property
     def name(self) -> str:
@@ -67,6 +70,18 @@ class Replica:
 
     def view(self, now: float) -> ReplicaView:
         return ReplicaView(self.name, self.health.available(now), self.in_flight, self.limit)
+
+    def session_view(self, now: float, session: str | None, group: str | None) -> ReplicaView:
+        """The view `policy: session` places by: load, and the replica's cache as it concerns the session."""
+        metrics = self.backend_metrics
+        cache = self.cache.view(
+            session,
+            group,
+            kv_usage=metrics.get("kv_cache_usage_ratio"),
+            prefill_rate=metrics.get("prompt_tokens_per_second") or None,
+        )
+        load = self.in_flight + self.waiting  # those queued for it wait before this one
+        return ReplicaView(self.name, self.health.available(now), load, self.limit, cache)
 
 
 class PoolRetired(Exception):
@@ -112,9 +127,21 @@ class Pool:
     def ticket(self) -> int:
         return next(self._tickets)
 
-    def pick(self, ticket: int, key: str | None = None, exclude: Iterable[str] = ()) -> Pick:
+    def pick(
+        self,
+        ticket: int,
+        key: str | None = None,
+        exclude: Iterable[str] = (),
+        *,
+        session: str | None = None,
+        group: str | None = None,
+        tokens: int = 0,
+    ) -> Pick:
         now = self.clock()
         skip = set(exclude)
+        if POLICIES[self.preset.policy].sessions and session is not None:
+            views = [r.session_view(now, session, group) for r in self.replicas if r.name not in skip]
+            return choose(self.preset.policy, views, ticket=ticket, key=session, tokens=tokens)
         views = [r.view(now) for r in self.replicas if r.name not in skip]
         return choose(self.preset.policy, views, ticket=ticket, key=key)
 

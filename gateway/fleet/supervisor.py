@@ -21,6 +21,12 @@ preset's `timeouts.load`, until it is ready. Replicas without `launch` are never
 A ready replica may be `draining` (a flag, shown by `ps`): another preset's request has waited its
 `max_wait`, so it takes no new requests and is evicted once the running ones end. Until then, one
 that keeps getting requests stays for its preset's `min_resident` (`_occupant` says who may go).
+
+A llama-server replica keeps its agent sessions across a stop: before its process goes, each slot
+that holds a session is saved (`POST /slots/{id}?action=save`, into the engine's
+`--slot-save-path`), and after its next start, before it takes a request, each is restored into the
+same slot (`action=restore`) and checked (docs/engines.md §13: about 3 ms for 9k tokens). A restore
+that fails or brings back less than RESTORED_SHARE of the saved tokens is logged and counted.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+import orjson
+
 from gateway.errors import LoadTimeout, NoUpstream, ReplicaFailed
 from gateway.fleet.capacity import Occupant, plan_start
 from gateway.fleet.health import Status
 from gateway.fleet.process import EngineProcess, tail
 from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway.fleet.slots import slot_file
 from gateway.routing.table import Launch, ReplicaSpec
 from gateway.types import Clock
 from gateway.upstream import Timeouts, UpstreamClient, UpstreamError
@@ -56,6 +65,8 @@ HEALTH_POLL = 0.25  # while a start waits for /health
 LOADING_FIRST, LOADING_EVERY = 1.0, 5.0
 # A replica whose last request ended this long ago is idle: another preset may evict it at once.
 IDLE_AFTER = 2.0
+RESTORED_SHARE = 0.9  # a restore that brings back less of a saved slot has failed
+SLOT_ACTION_TIMEOUT = 120.0  # one slot's save or restore: a file of up to GiBs on a GPU model
 
 
 @dataclass
@@ -338,6 +349,8 @@ class Supervisor:
                 if self.probe is not None:
                     with contextlib.suppress(Exception):
                         await self.probe(replica)  # its context length and slots, at once
+                if replica.engine == "llamacpp" and replica.cache.saved:
+                    await self._restore_slots(replica)  # before any request can reach a slot
             self._become(unit, "ready", f"ready in {unit.last_load:.1f} s")
             log.warning("replica %s ready in %.1f s", unit.name, unit.last_load)
             code = await exited
@@ -399,13 +412,106 @@ class Supervisor:
         process = unit.process
         if unit.state in ("stopped", "failed") and (process is None or not process.running):
             return
+        serving = unit.state in ("ready", "stopping") and process is not None and process.running
         self._become(unit, "stopping", reason)
         replica = self.replica(unit.name)
         if replica is not None:
+            if serving and replica.engine == "llamacpp" and not self.closing:
+                await self._save_slots(replica)
             replica.health.on_stopped(reason)
         if process is not None:
             await process.stop()
+        if replica is not None:
+            replica.cache.clear()  # the engine's slots and memory tier went with its process
         self._become(unit, "stopped", reason)
+
+    # --- sessions kept across a stop ---------------------------------------------------------------
+
+    async def _save_slots(self, replica: Replica) -> None:
+        """Each slot that holds a session, to a file of the engine's --slot-save-path, before a stop."""
+        cache = replica.cache
+        cache.saved.clear()
+        for slot, session, group, tokens in list(cache.to_save()):
+            began = self.clock()
+            answer = await self._slot_action(replica, slot, "save", slot_file(replica.name, slot))
+            saved = answer.get("n_saved") if answer is not None else None
+            if not isinstance(saved, int) or saved <= 0:
+                cache.stats.save_failures += 1
+                log.warning(
+                    "replica %s: slot %d (session %s, %d tokens) could not be saved before the stop; "
+                    "is the engine started with --slot-save-path?",
+                    replica.name,
+                    slot,
+                    session[:8],
+                    tokens,
+                )
+                continue
+            cache.stats.saves += 1
+            cache.stats.saved_tokens += saved
+            cache.stats.save_seconds += self.clock() - began
+            cache.saved[slot] = (session, group, saved)
+        if cache.saved:
+            log.warning("replica %s: %d slots saved before the stop", replica.name, len(cache.saved))
+
+    async def _restore_slots(self, replica: Replica) -> None:
+        """The slots saved before the last stop, each into the slot it came from, and checked."""
+        cache = replica.cache
+        saved, cache.saved = dict(cache.saved), {}
+        restored = 0
+        for slot, (session, group, tokens) in sorted(saved.items()):
+            if cache.slots is None or slot >= cache.slots:
+                cache.stats.restore_failures += 1
+                log.warning("replica %s: slot %d is gone after the restart; not restored", replica.name, slot)
+                continue
+            began = self.clock()
+            answer = await self._slot_action(replica, slot, "restore", slot_file(replica.name, slot))
+            got = answer.get("n_restored") if answer is not None else None
+            if not isinstance(got, int) or got < RESTORED_SHARE * tokens:
+                cache.stats.restore_failures += 1
+                log.warning(
+                    "replica %s: slot %d (session %s) restored %s of %d saved tokens",
+                    replica.name,
+                    slot,
+                    session[:8],
+                    got if isinstance(got, int) else "none",
+                    tokens,
+                )
+                continue
+            cache.stats.restores += 1
+            cache.stats.restored_tokens += got
+            cache.stats.restore_seconds += self.clock() - began
+            cache.restored(slot, session, group, got + 1, self.clock())
+            restored += 1
+        log.warning("replica %s: %d of %d saved slots restored", replica.name, restored, len(saved))
+
+    async def _slot_action(
+        self, replica: Replica, slot: int, action: str, filename: str
+    ) -> dict[str, object] | None:
+        """One `POST /slots/{slot}?action=...`; its JSON answer, or None when it failed."""
+        headers = [("content-type", "application/json")]
+        key = replica.api_key()
+        if key:
+            headers.append(("authorization", f"Bearer {key}"))
+        body = orjson.dumps({"filename": filename})
+        url = f"{replica.url}/slots/{slot}?action={action}"
+        try:
+            response = await self.client.send(
+                url, headers, body, Timeouts(5.0, SLOT_ACTION_TIMEOUT, SLOT_ACTION_TIMEOUT)
+            )
+            try:
+                data = await response.read(4096)
+                ok = response.status == 200
+            finally:
+                await response.close()
+        except (UpstreamError, OSError):
+            return None
+        if not ok:
+            return None
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
 
     def _failure(self, unit: Unit, reason: str, restart: bool = False) -> None:
         """A crash or a failed start: counted; a restart after the backoff (at once for a replica
@@ -606,6 +712,10 @@ class Supervisor:
                     "evictions": unit.evictions,
                     "pid": unit.process.pid if unit.process is not None and unit.process.running else None,
                     "log_tail": tail(unit.log_path, lines=10) if unit.state == "failed" else "",
+                    # Its slots and the session each holds (`fleet-gateway ps`), and those saved
+                    # across its last stop.
+                    "slots": replica.cache.rows(now) if replica is not None else [],
+                    "saved_slots": len(replica.cache.saved) if replica is not None else 0,
                 }
             )
         return out

@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet.prober import BACKEND_COUNTERS, BACKEND_METRICS
 from gateway.fleet.replicas import Fleet
+from gateway.fleet.slots import RATIO_BUCKETS
 from gateway.ops.exchange import Exchange
 
 # A `_created` series beside every counter and histogram doubles the series count for nothing a
@@ -217,6 +218,7 @@ class Metrics:
         )
         self.supervisor: Any = None  # set by the gateway: the states of launched replicas
         registry.register(_FleetCollector(fleet))
+        registry.register(_SessionCollector(fleet))
         registry.register(_StateCollector(lambda: self.supervisor))
         self.redis: Callable[[], str] = lambda: "local"  # set by the gateway: the counters' condition
         self.redis_round_trips: Callable[[], int] = lambda: 0  # set by the gateway
@@ -438,3 +440,87 @@ class _FleetCollector(Collector):
                 for key, value in replica.backend_metrics.items():
                     backend[key].add_metric(values, value)
         yield from (up, ejected, in_flight, probe, context, hit_ratio, queue, panic, *backend.values())
+
+
+class _SessionCollector(Collector):
+    """Agent sessions and their caches (`policy: session`, fleet/slots.py), read from each
+    replica's slot picture at scrape time. Where a session was placed and why is
+    gateway_balancer_picks_total (session_home, session_new, session_moved, session_overload)."""
+
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["replica"]
+        plans = CounterMetricFamily(
+            "gateway_session_slot_plans",
+            "Session requests by how their slot was chosen: held (pinned to the slot holding the "
+            "session), free (pinned to an empty slot), tier (left to the engine to restore from its "
+            "memory), uncertain (the engine placed a request whose slot is not known yet), unpinnable "
+            "(an endpoint that cannot pin), transient, shared (vLLM), unknown (slots not read).",
+            labels=["replica", "reason"],
+        )
+        lost = CounterMetricFamily(
+            "gateway_session_slot_lost",
+            "Pinned session requests that found less than half the expected prompt in their slot.",
+            labels=labels,
+        )
+        saves = CounterMetricFamily(
+            "gateway_session_slot_saves",
+            "Slots saved before a stop, by outcome.",
+            labels=["replica", "outcome"],
+        )
+        restores = CounterMetricFamily(
+            "gateway_session_slot_restores",
+            "Saved slots restored after a start, by outcome (failed: refused, or under 90% of the tokens).",
+            labels=["replica", "outcome"],
+        )
+        moved_tokens = CounterMetricFamily(
+            "gateway_session_slot_tokens", "Tokens saved and restored.", labels=["replica", "action"]
+        )
+        moved_seconds = CounterMetricFamily(
+            "gateway_session_slot_seconds",
+            "Seconds spent saving and restoring slots.",
+            labels=["replica", "action"],
+        )
+        held = GaugeMetricFamily(
+            "gateway_session_slots",
+            "Slots by whether they hold an agent session.",
+            labels=["replica", "state"],
+        )
+        tier = GaugeMetricFamily(
+            "gateway_session_tier_sessions",
+            "Sessions the replica holds outside its slots, in its memory tier as far as the gateway knows.",
+            labels=labels,
+        )
+        ratio = HistogramMetricFamily(
+            "gateway_session_cache_hit_ratio",
+            "Per answer of an agent session after its first turn on a replica: cached / prompt tokens.",
+            labels=labels,
+        )
+        for replica in self._fleet().replicas():
+            cache, name = replica.cache, replica.name
+            stats = cache.stats
+            for reason, count in sorted(stats.plans.items()):
+                plans.add_metric([name, reason], count)
+            lost.add_metric([name], stats.lost)
+            saves.add_metric([name, "ok"], stats.saves)
+            saves.add_metric([name, "failed"], stats.save_failures)
+            restores.add_metric([name, "ok"], stats.restores)
+            restores.add_metric([name, "failed"], stats.restore_failures)
+            moved_tokens.add_metric([name, "save"], stats.saved_tokens)
+            moved_tokens.add_metric([name, "restore"], stats.restored_tokens)
+            moved_seconds.add_metric([name, "save"], stats.save_seconds)
+            moved_seconds.add_metric([name, "restore"], stats.restore_seconds)
+            if cache.slots:
+                busy = cache.in_slots()
+                held.add_metric([name, "held"], busy)
+                held.add_metric([name, "free"], cache.slots - busy)
+            tier.add_metric([name], cache.tier())
+            cumulative, buckets = 0, []
+            for bound, count in zip(RATIO_BUCKETS, stats.ratio_buckets, strict=True):
+                cumulative += count
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", stats.ratio_count))
+            ratio.add_metric([name], buckets, stats.ratio_sum)
+        yield from (plans, lost, saves, restores, moved_tokens, moved_seconds, held, tier, ratio)

@@ -85,6 +85,10 @@ def _replica(
         "context": replica.context,
         "probe_ms": None if replica.probe_latency is None else round(replica.probe_latency * 1000, 1),
         "backend": dict(replica.backend_metrics),
+        # llama-server's slots and the agent session each holds (short digests only), and how many
+        # more sessions the gateway believes sit in the replica's memory tier (fleet/slots.py).
+        "slots": replica.cache.rows(now),
+        "sessions_in_tier": replica.cache.tier(),
         # Launched replicas: stopped, starting, ready, stopping or failed, device use, a failed log.
         "lifecycle": lifecycle,
         **figures,

@@ -22,12 +22,15 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.fleet.health import Outcome
+from gateway.fleet.prober import read_slots
 from gateway.fleet.replicas import Pool, PoolRetired, Replica
+from gateway.fleet.slots import PINNED_ENDPOINTS, SlotPlan
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.blobs import Blobs, put_back
 from gateway.pipeline.rewrite import cap_to_context
+from gateway.pipeline.session import Session, digest
 from gateway.relay.replica_errors import ERROR_BODY_LIMIT
-from gateway.routing.balancer import retry_order
+from gateway.routing.balancer import POLICIES, Pick, retry_order
 from gateway.upstream import (
     ConnectFailed,
     HeaderTimeout,
@@ -39,6 +42,7 @@ from gateway.upstream import (
 )
 
 RETRYABLE_STATUS = (502, 503, 504)
+SESSION_WAITS = frozenset({"session_home", "session_new", "session_moved"})
 MAX_RETRY_AFTER_WAIT = 10.0
 
 
@@ -78,8 +82,10 @@ class Attempt:
     key: str | None = None
     tried: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # replicas that refused the connection
-    # The serialised body per (context cap, sent as a stream): replicas differ in both.
-    encoded: dict[tuple[int | None, bool], tuple[bytes, tuple[str, str] | None]] = field(default_factory=dict)
+    # The serialised body per (context cap, sent as a stream, slot): replicas differ in all three.
+    encoded: dict[tuple[int | None, bool, int | None], tuple[bytes, tuple[str, str] | None]] = field(
+        default_factory=dict
+    )
     ticket: int = 0
     blobs: Blobs = field(default_factory=Blobs)  # long strings set aside unparsed (blobs.py)
     forward: list[tuple[str, str]] = field(default_factory=list)  # client headers the endpoint reads
@@ -97,9 +103,24 @@ class Attempt:
     # Engines that get a whole-answer request as a stream (registry.WHOLE_AS_STREAM), the answer
     # then assembled by the gateway; empty when the client streams or the endpoint cannot.
     as_stream: frozenset[str] = frozenset()
+    # The agent session (pipeline/session.py): `policy: session` places by it and keeps its slot.
+    session: Session | None = None
+    placed: dict[str, SlotPlan] = field(default_factory=dict)  # replica -> its attempt's slot plan
 
     def release(self, replica: Replica) -> None:
         self.pool.release(replica, self.batch)
+        plan = self.placed.pop(replica.name, None)
+        if plan is not None and self.session is not None:
+            # The answer's counts correct the replica's cache picture (fleet/slots.py).
+            answer = self.ex.answer
+            replica.cache.settle(
+                self.session.key,
+                plan,
+                answer.prompt_tokens,
+                answer.cached_tokens,
+                answer.completion_tokens,
+                self.pool.clock(),
+            )
 
     def unfit(self) -> list[str]:
         """Replicas this request must never reach: an engine without the endpoint, or any
@@ -233,13 +254,29 @@ class Dispatcher:
             stopped = self.lifecycle.unavailable(pool)  # never picked, not even by panic routing
         # A replica that refused this request's connection is not asked again by it.
         exclude = [*attempt.refused, *attempt.unfit(), *stopped]
-        pick = pool.pick(attempt.ticket, attempt.key, exclude=exclude)
+        session = _session(attempt)
+        if session is not None:
+            await self._fresh_slots(pool)
+        pick = pool.pick(
+            attempt.ticket,
+            attempt.key,
+            exclude=exclude,
+            session=session.key if session is not None else None,
+            group=session.group if session is not None else None,
+            tokens=attempt.prompt_tokens or 0,
+        )
         if attempt.tried:
             suspects = [r.name for r in pool.replicas if r.health.connect_fail_streak]
             pick = retry_order(pick, attempt.tried, suspects)
         if not pick.order:
             raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
         ex.pick_reason = ex.pick_reason or pick.reason
+        waits_for = _waits_for(pool, pick, session, attempt)
+        if waits_for is not None:
+            # The session's place was chosen by cost, its wait there included: it waits for that
+            # replica rather than take a free place elsewhere and prefill its whole prompt again.
+            pick = Pick((waits_for.name,), pick.reason)
+            waits_for.waiting += 1
         queued = self.clock()
         try:
             replica = await pool.admit(pick, attempt.deadline, attempt.batch)
@@ -248,12 +285,15 @@ class Dispatcher:
             return await self._try(attempt)
         finally:
             ex.queue_wait = (ex.queue_wait or 0.0) + (self.clock() - queued)
+            if waits_for is not None:
+                waits_for.waiting -= 1
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
         streamed = ex.stream or replica.engine in attempt.as_stream
         ex.upstream_stream = streamed
+        slot = self._place(attempt, session, replica)
         try:
-            data = await self._encode(attempt, replica.context, streamed and not ex.stream)
+            data = await self._encode(attempt, replica.context, streamed and not ex.stream, slot)
         except GatewayError:
             attempt.release(replica)  # the request does not fit this replica (its context)
             raise
@@ -302,6 +342,26 @@ class Dispatcher:
         ex.path.append(f"{replica.name}:{status}")
         return response, replica
 
+    async def _fresh_slots(self, pool: Pool) -> None:
+        """Before a session is placed: llama-server replicas where the engine chose a slot since the
+        last look are read again (GET /slots), so that no session is pinned to a slot it lost."""
+        stale = [r for r in pool.replicas if r.engine == "llamacpp" and r.cache.stale]
+        if stale:
+            await asyncio.gather(*(read_slots(self.client, r) for r in stale))
+
+    def _place(self, attempt: Attempt, session: Session | None, replica: Replica) -> int | None:
+        """The slot this attempt pins on `replica` (None: the engine chooses), noted in its picture."""
+        if session is None:
+            return None
+        if replica.engine == "llamacpp":
+            pinnable = attempt.endpoint.name in PINNED_ENDPOINTS
+            plan = replica.cache.plan(session.key, pinnable=pinnable, transient=session.transient)
+        else:
+            plan = SlotPlan(None, "shared")  # vLLM: one block cache, no slots
+        replica.cache.begin(session.key, session.group, plan, self.clock())
+        attempt.placed[replica.name] = plan
+        return plan.slot
+
     async def open_detachable(
         self, attempt: Attempt, loop_deadline: float
     ) -> tuple[UpstreamResponse, Replica]:
@@ -344,17 +404,22 @@ class Dispatcher:
             ex.ejected.append(replica.name)
             ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
 
-    async def _encode(self, attempt: Attempt, context: int | None, as_stream: bool) -> bytes:
-        """Serialise once per distinct context cap and form; large bodies on a thread."""
+    async def _encode(
+        self, attempt: Attempt, context: int | None, as_stream: bool, slot: int | None = None
+    ) -> bytes:
+        """Serialise once per distinct context cap, form and slot; large bodies on a thread."""
         if attempt.method != "POST" or attempt.path is not None:
             return b""
-        key = (context, as_stream)
+        key = (context, as_stream, slot)
         if key not in attempt.encoded:
             capped, note = cap_to_context(
                 attempt.body, context, attempt.endpoint, attempt.prompt_tokens, attempt.budget_explicit
             )
             if as_stream:
                 capped = {**capped, **stream_fields(attempt.endpoint)}
+            if slot is not None:
+                # llama-server runs the request in this slot, which holds the session's prompt.
+                capped = {**capped, "id_slot": slot}
             if attempt.size > self.offload_bytes:
                 data = await asyncio.to_thread(_serialise, capped, attempt.blobs)
             else:
@@ -364,6 +429,28 @@ class Dispatcher:
         if note is not None and note not in attempt.ex.rewrites:
             attempt.ex.rewrites.append(note)
         return data
+
+
+def _waits_for(pool: Pool, pick: Pick, session: Session | None, attempt: Attempt) -> Replica | None:
+    """The one replica a session's first attempt waits for, when placement chose it (a retry, or a
+    pick that gave way to bounded load, may take any)."""
+    if session is None or attempt.tried or pick.reason not in SESSION_WAITS or not pick.order:
+        return None
+    return pool.get(pick.order[0])
+
+
+def _session(attempt: Attempt) -> Session | None:
+    """The session `policy: session` places by: the one the request path named, else the
+    affinity key (the session header or the conversation's start) as a session of its own."""
+    if not POLICIES[attempt.pool.preset.policy].sessions:
+        return None
+    if attempt.session is not None:
+        return attempt.session
+    if not attempt.key:
+        return None
+    key = digest("key", attempt.key)
+    attempt.session = Session(key, key, "key")
+    return attempt.session
 
 
 async def _drain(
@@ -413,11 +500,12 @@ def upstream_headers(
     key = replica.api_key()
     if key:
         headers.append(("authorization", f"Bearer {key}"))
-    if ex.stream:
+    if ex.upstream_stream:  # the client's stream, or a whole answer asked for as one (assembled)
         headers.append(("accept", "text/event-stream"))
         if replica.engine == "llamacpp":
             # llama-server advertises keep-alive on a stream and then closes the connection after
-            # it; reused at once, such a connection fails the next request before its headers.
+            # it; reused at once, such a connection fails the next request before its headers
+            # (measured: 19 of 96 assembled answers reset and retried elsewhere without this).
             headers.append(("connection", "close"))
     return headers
 

@@ -13,9 +13,7 @@ Under any other ASGI server a watcher task waits on `receive()` for `http.discon
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from gateway.types import Receive
@@ -50,32 +48,38 @@ class ClientLink:
             callback()
 
 
-@contextmanager
-def watching(receive: Receive, link: ClientLink | None = None) -> Iterator[Presence]:
-    """Watch for the client leaving while the body of the `with` runs in the current task."""
-    task = asyncio.current_task()
-    assert task is not None
-    presence = Presence()
-    if link is not None:
-        link.on_lost = functools.partial(_left, task, presence)
-        try:
-            yield presence
-        finally:
-            presence.serving = False
-            link.on_lost = None
-        return
-    watcher = asyncio.get_running_loop().create_task(_watch(receive, task, presence))
-    try:
-        yield presence
-    finally:
-        presence.serving = False
-        watcher.cancel()
+class Watching:
+    """Watch for the client leaving while the body of the `with` runs in the current task (a class,
+    not a generator: it is entered on every request)."""
 
+    __slots__ = ("link", "presence", "receive", "task", "watcher")
 
-def _left(task: asyncio.Task[Any], presence: Presence) -> None:
-    if presence.serving:
-        presence.client_left = True
-        task.cancel()
+    def __init__(self, receive: Receive, link: ClientLink | None = None) -> None:
+        self.receive, self.link = receive, link
+        self.presence = Presence()
+        self.watcher: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> Presence:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        if self.link is not None:
+            self.link.on_lost = self._left
+        else:
+            self.watcher = asyncio.get_running_loop().create_task(_watch(self.receive, task, self.presence))
+        return self.presence
+
+    def __exit__(self, *exc: object) -> None:
+        self.presence.serving = False
+        if self.link is not None:
+            self.link.on_lost = None
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+    def _left(self) -> None:
+        if self.presence.serving:
+            self.presence.client_left = True
+            self.task.cancel()
 
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], presence: Presence) -> None:

@@ -55,8 +55,13 @@ def standing(pool: Pool, clock: Callable[[], float], lifecycle: Lifecycle | None
     usable = [r for r in pool.replicas if r.name not in stopped]
     available = any(r.health.available(now) for r in usable)
     free = any(r.in_flight < r.limit for r in usable) or pool.queued < pool.preset.limits.queue
+    return Standing(available, free, failed, loadable, expected, smallest_context(pool))
+
+
+def smallest_context(pool: Pool) -> int | None:
+    """The smallest context among the pool's replicas, where any is known."""
     contexts = [r.context for r in pool.replicas if r.context]
-    return Standing(available, free, failed, loadable, expected, min(contexts) if contexts else None)
+    return min(contexts) if contexts else None
 
 
 class Fallbacks:
@@ -89,6 +94,13 @@ class Fallbacks:
         """The preset that should take the request before anything is sent: the asked one, or its
         first fallback that can serve when the asked one cannot. A prompt past the context with no
         fallback is refused here, before any GPU time."""
+        if not self.options:
+            # Nothing to fall back to: only a prompt past the context is decided here (refused
+            # before any GPU time); whatever else stands in the way, the preset answers itself.
+            context = smallest_context(self.fleet.pools[preset.name])
+            if context is not None and tokens > context:
+                raise self._past_context(preset, tokens, context)
+            return preset
         found = self._standing(preset.name)
         reason = why_not(found, tokens, preset.timeouts.load if patience is None else patience)
         if reason is None:
@@ -96,16 +108,19 @@ class Fallbacks:
         target = self._choose(reason, tokens)
         if target is not None:
             return self._move(ex, preset, target, reason)
-        if reason == "context":
-            tail = "; none of its fallbacks can take it" if self.options else ""
-            raise ContextExceeded(
-                f"The prompt is about {tokens} tokens (estimated from its text), more than preset "
-                f"'{preset.name}' holds: its context is {found.context} tokens{tail}. Shorten the prompt "
-                "or ask for a preset with a longer context",
-                prompt_tokens=tokens,
-                context=found.context,
-            )
+        if reason == "context" and found.context is not None:
+            raise self._past_context(preset, tokens, found.context)
         return preset  # no fallback can take it: the preset's own answer (a wait, a 429, a 503)
+
+    def _past_context(self, preset: Preset, tokens: int, context: int) -> ContextExceeded:
+        tail = "; none of its fallbacks can take it" if self.options else ""
+        return ContextExceeded(
+            f"The prompt is about {tokens} tokens (estimated from its text), more than preset "
+            f"'{preset.name}' holds: its context is {context} tokens{tail}. Shorten the prompt "
+            "or ask for a preset with a longer context",
+            prompt_tokens=tokens,
+            context=context,
+        )
 
     def after(self, ex: Exchange, preset: Preset, error: GatewayError, tokens: int) -> Preset | None:
         """The preset that takes the request after `error` (before its answer started), or None."""

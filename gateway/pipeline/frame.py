@@ -28,7 +28,7 @@ from gateway.fleet.replicas import Fleet
 from gateway.fleet.stored import Owner
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Lifecycle, RetryBudget
-from gateway.pipeline.disconnect import ClientLink, watching
+from gateway.pipeline.disconnect import ClientLink, Watching
 from gateway.pipeline.tool_images import Describe
 from gateway.relay.respond import Responder
 from gateway.settings import Settings
@@ -83,17 +83,25 @@ class Frame:
 
     @contextlib.contextmanager
     def recorded(self, ex: Exchange) -> Iterator[None]:
-        """Counts the request as active while it runs and records it once when it ends."""
-        self.budget.active += 1
+        """`begin` and `end` around a block (the request path calls them itself: no generator)."""
+        self.begin()
         try:
             yield
         finally:
-            self.budget.active -= 1
-            if ex.finished is None:
-                ex.finished = self.ctx.clock()
-            if ex.answer.thinking_trap:
-                ex.warnings.append(("thinking_trap", TRAP_WARNING))
-            self.ctx.record(ex)
+            self.end(ex)
+
+    def begin(self) -> None:
+        """The request is active (the retry budget counts active requests) until `end`."""
+        self.budget.active += 1
+
+    def end(self, ex: Exchange) -> None:
+        """The request has ended, however it did: recorded once."""
+        self.budget.active -= 1
+        if ex.finished is None:
+            ex.finished = self.ctx.clock()
+        if ex.answer.thinking_trap:
+            ex.warnings.append(("thinking_trap", TRAP_WARNING))
+        self.ctx.record(ex)
 
     async def watched(
         self,
@@ -104,7 +112,7 @@ class Frame:
     ) -> None:
         """Runs `work` while watching for the client leaving; says so in the record when it does."""
         ex = responder.ex
-        with watching(receive, link) as presence:
+        with Watching(receive, link) as presence:
             try:
                 await work
             except asyncio.CancelledError:

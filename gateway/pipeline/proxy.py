@@ -39,6 +39,7 @@ from gateway.pipeline.frame import Context, Frame
 from gateway.pipeline.prefix import PrefixStep
 from gateway.pipeline.rewrite import Plan, check_request, rewrite
 from gateway.pipeline.server_rounds import serve_rounds
+from gateway.pipeline.session import session_of
 from gateway.pipeline.tokens import prompt_tokens, reservation
 from gateway.pipeline.tool_images import ToolImages
 from gateway.relay.keepalive import KeepAlive
@@ -46,6 +47,7 @@ from gateway.relay.replica_errors import ERROR_BODY_LIMIT, relay_replica_error
 from gateway.relay.respond import Responder
 from gateway.relay.stream import relay_stream
 from gateway.relay.whole import relay_assembled, relay_whole
+from gateway.routing.balancer import POLICIES
 from gateway.routing.fallback import estimate_tokens
 from gateway.routing.route import route
 from gateway.routing.table import Preset
@@ -103,7 +105,8 @@ class Proxy:
         ex = self.frame.exchange(endpoint, scope, headers)
         responder = Responder(send, ex, endpoint.dialect, self.ctx.clock)
         link: ClientLink | None = scope.get("gateway.link")  # from the gateway's own server
-        with self.frame.recorded(ex):
+        self.frame.begin()
+        try:
             try:
                 arrived = link is not None and link.body_complete
                 raw = await read_request(receive, headers, self.ctx.settings, arrived)
@@ -116,6 +119,8 @@ class Proxy:
                 return
             steps = self._steps(endpoint, headers, raw, ex, responder)
             await self.frame.watched(receive, responder, self.frame.serve(responder, steps), link)
+        finally:
+            self.frame.end(ex)
 
     async def _steps(
         self,
@@ -232,6 +237,8 @@ class Proxy:
             patience=call.patience,
             prompt_tokens=tokens,
             budget_explicit=plan.budget_explicit,
+            # The agent session `policy: session` places by (pipeline/session.py): digests only.
+            session=session_of(plan.body, call.headers) if POLICIES[preset.policy].sessions else None,
         )
         if plan.stream:
             attempt.on_load_wait = functools.partial(call.responder.loading, preset.name)

@@ -86,7 +86,7 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
     body["model"] = preset.served_model
     plan.notes += dialect.fixes(body, preset.compat, plan.changes)
     if "tool_schemas" in preset.compat:
-        plan.notes += tool_schemas.fix(body, engines(preset))
+        plan.notes += tool_schemas.fix(body, preset.engines)
     if spec.thinks:
         plan.notes += dialect.thinking(body, preset.thinking, preset.thinking_override)
     if spec.budget:
@@ -102,14 +102,6 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         plan.usage_injected = True
     return plan
-
-
-def engines(preset: Preset) -> frozenset[str]:
-    """The engines a preset's replicas run (a discovered preset's included)."""
-    found = {replica.engine for replica in preset.replicas}
-    if preset.discover is not None:
-        found.add(preset.discover.engine)
-    return frozenset(found)
 
 
 def _budget(body: dict[str, Any], preset: Preset, plan: Plan, spec: Endpoint) -> None:

@@ -71,6 +71,7 @@ class Responder:
     """Writes one request's answer; see the module docstring for what a failure becomes when."""
 
     __slots__ = (
+        "_writing",
         "clock",
         "dialect",
         "ex",
@@ -81,7 +82,6 @@ class Responder:
         "spliced",
         "started",
         "streaming",
-        "writing",
     )
 
     def __init__(self, send: Send, ex: Exchange, dialect: Dialect, clock: Callable[[], float]) -> None:
@@ -92,8 +92,15 @@ class Responder:
         self.streaming = False  # the client asked for a stream (known once its body is parsed)
         self.model: str | None = None  # the model the client named, for answers the gateway writes
         self.input_tokens = 0  # the prompt's tokens, for an opening event that reports them
-        # Held by whoever writes while the request waits (the keep-alive task, loading comments).
-        self.writing = asyncio.Lock()
+        self._writing: asyncio.Lock | None = None
+
+    @property
+    def writing(self) -> asyncio.Lock:
+        """Held by whoever writes while the request waits (the keep-alive task, loading comments);
+        made on first use, as most requests never wait."""
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        return self._writing
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})

@@ -28,8 +28,8 @@ def serves(preset: Preset, endpoint: Endpoint) -> bool:
     """The preset has the endpoint's capability and an engine that serves its path."""
     if endpoint.needs is not None and not getattr(preset, endpoint.needs):
         return False
-    engines = {r.engine for r in preset.replicas} | ({preset.discover.engine} if preset.discover else set())
-    return not engines or any(endpoint.serves(engine) for engine in engines)
+    engines = preset.engines
+    return not engines or any(engine in endpoint.upstream for engine in engines)
 
 
 def route(table: Table, endpoint: Endpoint, body: dict[str, Any], task_header: str | None) -> Route:

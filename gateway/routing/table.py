@@ -7,6 +7,7 @@ never meets a half-valid table.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -58,6 +59,8 @@ PROVIDER_PREFIXES = ("openai/", "anthropic/", "hosted_vllm/", "vllm/", "llamacpp
 # Claude Code asks for `claude-opus-4-8[1m]` when it wants a 1M context: the suffix names a mode
 # of Anthropic's service, not another model.
 _MODE_SUFFIX = re.compile(r"\[[0-9a-z]+\]$")
+LOOKUP_CACHE = 1024  # model names remembered per table
+LOOKUP_NAME_MAX = 256  # ... each at most this long
 _GLOB = re.compile(r"[*?]")
 
 
@@ -414,6 +417,14 @@ class Preset:
     description: str = ""
     fallback: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def engines(self) -> frozenset[str]:
+        """The engines its replicas run (a discovered preset's included); computed once."""
+        found = {replica.engine for replica in self.replicas}
+        if self.discover is not None:
+            found.add(self.discover.engine)
+        return frozenset(found)
+
 
 class Route(NamedTuple):
     """The preset a request resolved to, and why (the metric label)."""
@@ -442,10 +453,26 @@ class Table:
     server_tools: ServerTools | None = None
     _names: Mapping[str, tuple[str, RouteReason]] = field(default_factory=dict, repr=False)
     _patterns: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (casefolded glob, preset)
+    # Names already looked up: clients send the same few on every request. Bounded: a name is the
+    # client's text, so only short ones are kept, and the cache starts over when full.
+    _looked_up: dict[str, tuple[str, RouteReason] | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def lookup(self, model: str) -> tuple[str, RouteReason] | None:
         """Exact names first, then alias patterns in table order; `[1m]`-style suffixes and
         provider prefixes are understood when the name as sent matches nothing."""
+        cache = self._looked_up
+        if model in cache:
+            return cache[model]
+        hit = self._lookup(model)
+        if len(model) <= LOOKUP_NAME_MAX:
+            if len(cache) >= LOOKUP_CACHE:
+                cache.clear()
+            cache[model] = hit
+        return hit
+
+    def _lookup(self, model: str) -> tuple[str, RouteReason] | None:
         for name in self._spellings(model):
             hit = self._names.get(name) or self._names.get(name.casefold())
             if hit is not None:

@@ -85,13 +85,20 @@ class Team:
         """`reserve` with nothing reserved: the tokens count when `charge` is called."""
         return (await self.reserve(identity, preset, 0)).ticket
 
-    @contextlib.asynccontextmanager
-    async def running(self, identity: Identity, timeout: float, queue: int) -> AsyncIterator[None]:
-        """Holds one of the key's `concurrent` places for the request's whole answer."""
+    def running(
+        self, identity: Identity, timeout: float, queue: int
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Holds one of the key's `concurrent` places for the request's whole answer (nothing to
+        hold for a key without that limit)."""
         limit = identity.limits.concurrent
         if limit is None:
-            yield
-            return
+            return _NOTHING_HELD
+        return self._holding(identity, limit, timeout, queue)
+
+    @contextlib.asynccontextmanager
+    async def _holding(
+        self, identity: Identity, limit: int, timeout: float, queue: int
+    ) -> AsyncIterator[None]:
         gate = self._gates.setdefault(identity.name, Gate())
         await gate.enter(identity.name, limit, timeout, queue)
         try:
@@ -142,6 +149,9 @@ class Team:
     async def close(self) -> None:
         await self.settle()
         await self.counters.close()
+
+
+_NOTHING_HELD: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
 def _presets(per_preset: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

@@ -1,4 +1,6 @@
-"""`fleet-gateway ps`: one line per launched replica of a running gateway (GET /admin/replicas)."""
+"""`fleet-gateway ps`: one line per launched replica of a running gateway (GET /admin/replicas), and
+under each llama-server replica one line per slot: the agent session it holds (a short digest),
+its tokens and how long ago it was used (fleet/slots.py)."""
 
 from __future__ import annotations
 
@@ -32,14 +34,37 @@ def rows(replicas: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
+def slot_lines(replica: dict[str, Any]) -> list[str]:
+    """`  slot 0  session 3f2a9c1e  41250 tok  idle 12s`, or `free`, one per slot."""
+    out: list[str] = []
+    for slot in replica.get("slots") or []:
+        if slot.get("session") is None:
+            out.append(f"  slot {slot['slot']}  free")
+            continue
+        idle = "-" if slot.get("idle_s") is None else f"{slot['idle_s']:.0f}s"
+        busy = "  busy" if slot.get("busy") else ""
+        out.append(
+            f"  slot {slot['slot']}  session {slot['session']}  {slot['tokens']} tok  idle {idle}{busy}"
+        )
+    saved = replica.get("saved_slots") or 0
+    if saved:
+        out.append(f"  {saved} slots saved, restored at the next start")
+    return out
+
+
 def render(replicas: list[dict[str, Any]]) -> str:
     table: list[tuple[str, ...]] = [COLUMNS, *rows(replicas)]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
-        for row in table
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+
+    def line(row: tuple[str, ...]) -> str:
+        text = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        return text.rstrip()
+
+    lines = [line(COLUMNS)]
+    for replica, row in zip(replicas, table[1:], strict=True):
+        lines.append(line(row))
+        lines.extend(slot_lines(replica))
+    return "\n".join(lines)
 
 
 def ps_command(url: str, key: str | None) -> int:

@@ -71,14 +71,18 @@ routing: {{default: {first}}}
 """
 
 
-def chat(gw: Running, model: str, stream: bool = False, timeout: float = 30) -> httpx2.Response:
+def chat(
+    gw: Running, model: str, stream: bool = False, timeout: float = 30, max_wait: float | None = None
+) -> httpx2.Response:
+    """`max_wait`: the client's own patience for a load (x-gateway-max-wait), over the preset's."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 8,
         "stream": stream,
     }
-    return httpx2.post(gw.url + "/v1/chat/completions", json=body, timeout=timeout)
+    headers = {} if max_wait is None else {"x-gateway-max-wait": str(max_wait)}
+    return httpx2.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=timeout)
 
 
 def unit(gw: Running, name: str) -> Unit:
@@ -166,7 +170,7 @@ def test_a_serving_replica_is_not_evicted_and_the_other_request_gets_a_503_namin
         load=1,
     )
     with run_gateway(routes, state_dir=tmp_path) as gw, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        assert chat(gw, "a").status_code == 200  # started (its load is not timed here)
+        assert chat(gw, "a", max_wait=30).status_code == 200  # started (its load is not timed here)
         streaming = pool.submit(chat, gw, "a", True)
         assert eventually(lambda: gw.gateway.fleet.pools["a"].replicas[0].in_flight == 1)
         refused = chat(gw, "b")
@@ -176,7 +180,8 @@ def test_a_serving_replica_is_not_evicted_and_the_other_request_gets_a_503_namin
         assert data_events(streaming.result(timeout=30).content)[-1] == "[DONE]"  # never cut
         assert unit(gw, "a0").state == "ready"
         time.sleep(IDLE_AFTER + 0.2)  # until a0 counts as idle (its last request just ended)
-        assert chat(gw, "b", timeout=30).status_code == 200  # idle now: a is evicted
+        # Idle now: a is evicted. The load itself is given time (a busy host starts it slowly).
+        assert chat(gw, "b", timeout=30, max_wait=30).status_code == 200
 
 
 def test_an_idle_replica_is_stopped_after_idle_unload(tmp_path: Path) -> None:

@@ -188,14 +188,28 @@ def test_upstream_headers_forward_the_anthropic_headers_only_when_given() -> Non
 
 
 @pytest.mark.parametrize(
-    ("engine", "stream", "close"),
-    [("llamacpp", True, True), ("llamacpp", False, False), ("vllm", True, False), ("vllm", False, False)],
+    ("engine", "client_stream", "upstream_stream", "close"),
+    [
+        ("llamacpp", True, True, True),
+        ("llamacpp", False, True, True),  # a whole answer asked for as a stream, then assembled
+        ("llamacpp", False, False, False),
+        ("vllm", True, True, False),
+        ("vllm", False, False, False),
+    ],
 )
-def test_upstream_headers_close_a_llamacpp_stream_connection(engine: str, stream: bool, close: bool) -> None:
-    ex = Exchange(request_id="req-1", endpoint="chat", started=0.0, stream=stream)
+def test_upstream_headers_close_a_llamacpp_stream_connection(
+    engine: str, client_stream: bool, upstream_stream: bool, close: bool
+) -> None:
+    ex = Exchange(
+        request_id="req-1",
+        endpoint="chat",
+        started=0.0,
+        stream=client_stream,
+        upstream_stream=upstream_stream,
+    )
     headers = upstream_headers(ex, replica(engine))
     assert (("connection", "close") in headers) is close
-    assert (("accept", "text/event-stream") in headers) is stream
+    assert (("accept", "text/event-stream") in headers) is upstream_stream
 
 
 @pytest.mark.parametrize("with_body", [True, False])

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline.disconnect import ClientLink, watching
+from gateway.pipeline.disconnect import ClientLink, Watching
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +21,7 @@ async def test_a_lost_connection_cancels_the_request_and_says_the_client_left() 
     seen: dict[str, Any] = {}
 
     async def request() -> None:
-        with watching(_never, link) as presence:
+        with Watching(_never, link) as presence:
             seen["presence"] = presence
             try:
                 await asyncio.Event().wait()
@@ -40,7 +40,7 @@ async def test_a_lost_connection_cancels_the_request_and_says_the_client_left() 
 
 async def test_a_connection_lost_after_the_request_ended_cancels_nothing() -> None:
     link = ClientLink()
-    with watching(_never, link) as presence:
+    with Watching(_never, link) as presence:
         pass
     assert link.on_lost is None
     link.lost()  # the connection closes later: nothing to tell
@@ -57,7 +57,7 @@ async def test_without_a_link_a_watcher_reads_the_disconnect_from_receive() -> N
     seen: dict[str, Any] = {}
 
     async def request() -> None:
-        with watching(receive) as presence:
+        with Watching(receive) as presence:
             seen["presence"] = presence
             await asyncio.Event().wait()
 

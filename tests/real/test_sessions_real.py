@@ -1,0 +1,104 @@
+"""Agent sessions keep their cache: `policy: session` in front of real llama-server replicas.
+
+The sessions are bench/sessions.py's, made small: Claude Code's and Codex's captured first requests
+cut down, growing by a tool round per turn. Hit ratios, replicas and slots come from the engines'
+own accounting (the answers' cached tokens, `GET /slots`), so they do not depend on the machine's
+speed. The replicas run with the flags docs/engines.md §13 asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from bench.sessions import (
+    ENGINE_FLAGS,
+    KEEPALIVE_AFTER,
+    Shape,
+    codex_script,
+    drive,
+    fleet,
+    routes,
+    run_scenario,
+    run_swap,
+    summarise,
+)
+from bench.support.gateway import run_gateway
+
+SMALL = Shape(turns=3, tools=1, trim=300, tool_output=250, gap=(0.05, 0.3))
+
+
+def test_eight_codex_sessions_on_two_replicas_of_four_slots_split_four_four_and_stay_in_their_slots(
+    tiny_gguf: Path,
+) -> None:
+    result = run_scenario("session", "responses", 8, SMALL)
+    assert result["errors"] == 0, result["error_kinds"]
+    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}
+    assert result["sessions_on_one_replica"] == 8
+    assert result["sessions_on_one_slot"] == 8
+    assert result["of_ideal"] >= 0.98, result
+
+
+def test_eight_claude_code_sessions_split_four_four_and_keep_their_cache(tiny_gguf: Path) -> None:
+    # Messages cannot be pinned (llama-server drops id_slot there): each session stays on its
+    # replica, and the engine restores it from its host memory into whichever slot it takes. A
+    # slot that went idle since the last task started is not in that memory yet (docs/engines.md
+    # §13), which costs a turn now and then when answers end together.
+    result = run_scenario("session", "messages", 8, SMALL)
+    assert result["errors"] == 0, result["error_kinds"]
+    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}
+    assert result["sessions_on_one_replica"] == 8
+    assert result["of_ideal"] >= 0.95, result
+
+
+def test_sixteen_sessions_on_eight_slots_keep_their_cache_across_turns(tiny_gguf: Path) -> None:
+    shape = Shape(turns=4, tools=1, trim=300, tool_output=250, gap=(0.05, 0.3))
+    result = run_scenario("session", "responses", 16, shape)
+    assert result["errors"] == 0, result["error_kinds"]
+    assert result["sessions_by_first_replica"] == {"r0": 8, "r1": 8}
+    assert result["later_of_ideal"] >= 0.9, result
+
+
+def test_a_sessions_turns_land_on_its_slot(tiny_gguf: Path) -> None:
+    script = codex_script(0, Shape(turns=4, tools=1, trim=300, tool_output=250))
+    with (
+        tempfile.TemporaryDirectory() as save_dir,
+        fleet(1, 4, 8192, Path(save_dir), ENGINE_FLAGS) as servers,
+        run_gateway(routes("session", servers), keepalive_after=KEEPALIVE_AFTER) as gw,
+    ):
+        turns, errors = asyncio.run(drive(gw, servers, [script], SMALL))
+        slots = httpx2.get(servers[0].url + "/slots", timeout=10).json()
+    assert not errors
+    assert [t.slot for t in turns] == [0, 0, 0, 0]
+    assert [t.cached > 0 for t in turns] == [False, True, True, True]
+    tasks = [s.get("id_task") for s in slots]
+    assert tasks[0] is not None and tasks[1:] == [None, None, None]  # the other slots never ran
+    assert summarise(turns, 1)["of_ideal"] >= 0.98
+
+
+def check_swap(result: dict[str, Any]) -> None:
+    assert result["saves"] == 4 and result["restores"] == 4 and result["restore_failures"] == 0, result
+    assert result["share_cached"] >= 0.9, result
+
+
+def test_a_swap_of_a_launched_replica_and_back_restores_its_codex_sessions(tiny_gguf: Path) -> None:
+    check_swap(run_swap("responses", SMALL, sessions=4))
+
+
+def test_a_swap_of_a_launched_replica_and_back_restores_its_claude_code_sessions(tiny_gguf: Path) -> None:
+    check_swap(run_swap("messages", SMALL, sessions=4))
+
+
+def test_without_a_slot_save_path_a_swap_loses_the_sessions_and_says_so(
+    tiny_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        result = run_swap("responses", SMALL, sessions=4, keep=False)
+    assert result["saves"] == 0 and result["cached_after"] == 0, result
+    assert caplog.text.count("could not be saved before the stop") == 4
