@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -19,6 +19,7 @@ from gateway.fleet.prober import BACKEND_COUNTERS, BACKEND_METRICS
 from gateway.fleet.replicas import Fleet
 from gateway.fleet.slots import RATIO_BUCKETS
 from gateway.ops.exchange import Exchange
+from gateway.ops.tally import Tallies
 
 # A `_created` series beside every counter and histogram doubles the series count for nothing a
 # dashboard here uses.
@@ -40,182 +41,161 @@ LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 900)
 
 
 class Metrics:
+    """The gateway's own families (each request counted once, from its record, at its end) and
+    the collectors that read the fleet's live state at scrape time."""
+
     def __init__(self, registry: CollectorRegistry, fleet: Callable[[], Fleet]) -> None:
         self.registry = registry
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         per_replica = ["preset", "replica"]
-        self.requests = Counter(
+        tallies = Tallies()
+        self.requests = tallies.counter(
             "gateway_requests",
             "Requests answered, by preset, replica, engine, status class and route reason.",
             ["preset", "replica", "engine", "status", "route"],
-            registry=registry,
         )
         # By endpoint, every request the gateway answered, those the edge turned away included
         # (401, 404, 405, 431): which wire formats are used, and which agents call what it lacks.
-        self.endpoints = Counter(
+        self.endpoints = tallies.counter(
             "gateway_endpoint_requests",
             "Requests answered, by endpoint (wire format) and status class.",
             ["endpoint", "status"],
-            registry=registry,
         )
-        self.tools = Counter(
+        self.tools = tallies.counter(
             "gateway_mcp_tool_calls",
             "MCP tool calls that ran a request on the fleet, by tool and status class.",
             ["tool", "status"],
-            registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = tallies.histogram(
             "gateway_request_duration_seconds",
             "From the request's arrival to the last byte sent.",
             per_replica,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = tallies.histogram(
             "gateway_time_to_first_token_seconds",
             "From the request's arrival to the first token (content, reasoning or tool call) of a stream.",
             per_replica,
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            TTFT_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = tallies.histogram(
             "gateway_inter_token_latency_seconds",
             "Mean time between tokens of one streamed answer.",
             per_replica,
-            buckets=ITL_BUCKETS,
-            registry=registry,
+            ITL_BUCKETS,
         )
-        self.decode_rate = Histogram(
+        self.decode_rate = tallies.histogram(
             "gateway_decode_tokens_per_second",
             "Completion tokens per second after the first token, per streamed answer.",
             per_replica,
-            buckets=RATE_BUCKETS,
-            registry=registry,
+            RATE_BUCKETS,
         )
-        self.tokens = Counter(
+        self.tokens = tallies.counter(
             "gateway_tokens",
             "Tokens as the replicas report them: prompt, cached (prompt tokens served from the prefix "
             "cache), completion, reasoning.",
             [*per_replica, "kind"],
-            registry=registry,
         )
-        self.overhead = Histogram(
+        self.overhead = tallies.histogram(
             "gateway_overhead_seconds",
             "Time the gateway itself spent before sending a request upstream (read, parse, route, rewrite).",
             ["preset"],
-            buckets=OVERHEAD_BUCKETS,
-            registry=registry,
+            OVERHEAD_BUCKETS,
         )
-        self.retries = Counter(
+        self.retries = tallies.counter(
             "gateway_upstream_retries",
             "Retries on another replica, by reason.",
             ["preset", "reason"],
-            registry=registry,
         )
-        self.upstream_errors = Counter(
-            "gateway_upstream_errors", "Upstream failures by kind.", [*per_replica, "kind"], registry=registry
+        self.upstream_errors = tallies.counter(
+            "gateway_upstream_errors", "Upstream failures by kind.", [*per_replica, "kind"]
         )
-        self.ejections = Counter(
+        self.ejections = tallies.counter(
             "gateway_ejections",
             "Replicas taken out of rotation by live traffic.",
             per_replica,
-            registry=registry,
         )
-        self.disconnects = Counter(
+        self.disconnects = tallies.counter(
             "gateway_client_disconnects",
             "Clients that left before their answer ended, by phase (waiting or streaming).",
             ["preset", "phase"],
-            registry=registry,
         )
-        self.rewrites = Counter(
-            "gateway_rewrites", "Request rewrites applied, by kind.", ["preset", "kind"], registry=registry
+        self.rewrites = tallies.counter(
+            "gateway_rewrites", "Request rewrites applied, by kind.", ["preset", "kind"]
         )
-        self.thinking_trap = Counter(
+        self.thinking_trap = tallies.counter(
             "gateway_thinking_budget_exhausted",
             "Answers that ended on max_tokens with empty content after reasoning: the thinking trap.",
             per_replica,
-            registry=registry,
         )
-        self.picks = Counter(
-            "gateway_balancer_picks", "Balancer decisions by reason.", ["preset", "reason"], registry=registry
+        self.picks = tallies.counter(
+            "gateway_balancer_picks", "Balancer decisions by reason.", ["preset", "reason"]
         )
-        self.prefix_volatile = Counter(
+        self.prefix_volatile = tallies.counter(
             "gateway_prefix_volatile",
             "Requests whose system prompt held volatile content (timestamps, ids), by kind.",
             ["preset", "kind"],
-            registry=registry,
         )
-        self.prefix_churn = Counter(
+        self.prefix_churn = tallies.counter(
             "gateway_prefix_churn",
             "Requests whose prefix fingerprint differs from the same client's previous one.",
             ["preset"],
-            registry=registry,
         )
-        self.loads = Counter(
+        self.loads = tallies.counter(
             "gateway_replica_loads",
             "Starts of launched replicas, by outcome (ok: healthy in time; error: exited or timed out).",
             ["replica", "outcome"],
-            registry=registry,
         )
-        self.load_seconds = Histogram(
+        self.load_seconds = tallies.histogram(
             "gateway_replica_load_seconds",
             "From a launched replica's start to its first healthy /health.",
             ["replica"],
-            buckets=LOAD_BUCKETS,
-            registry=registry,
+            LOAD_BUCKETS,
         )
-        self.evictions = Counter(
+        self.evictions = tallies.counter(
             "gateway_replica_evictions",
             "Idle launched replicas stopped to make room on their device for another.",
             ["replica"],
-            registry=registry,
         )
-        self.load_wait = Histogram(
+        self.load_wait = tallies.histogram(
             "gateway_load_wait_seconds",
             "Time requests spent waiting for a launched replica to start.",
             ["preset"],
-            buckets=LOAD_BUCKETS,
-            registry=registry,
+            LOAD_BUCKETS,
         )
         # Per key: labels are the configured key names (and `anonymous`), so they stay bounded.
-        self.key_requests = Counter(
+        self.key_requests = tallies.counter(
             "gateway_key_requests",
             "Requests a key made past its limits, by key, preset, priority and status class.",
             ["key", "preset", "priority", "status"],
-            registry=registry,
         )
-        self.key_tokens = Counter(
+        self.key_tokens = tallies.counter(
             "gateway_key_tokens",
             "Tokens per key and preset, as the replicas report them: prompt, cached, completion, reasoning.",
             ["key", "preset", "kind"],
-            registry=registry,
         )
-        self.key_limited = Counter(
+        self.key_limited = tallies.counter(
             "gateway_key_limited",
             "Requests refused because their key was over a limit (requests_per_minute, tokens_per_minute, "
             "tokens_per_day), or denied a preset (preset_not_allowed).",
             ["key", "limit"],
-            registry=registry,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = tallies.counter(
             "gateway_fallbacks",
             "Requests served by a fallback preset, by the preset asked for, the one that served, and why.",
             ["preset", "target", "reason"],
-            registry=registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = tallies.histogram(
             "gateway_queue_wait_seconds",
             "Time requests waited for a free place in their preset's queue, by priority.",
             ["preset", "priority"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.redis_changes = Counter(
+        self.redis_changes = tallies.counter(
             "gateway_redis_condition_changes",
             "Times the shared state's Redis became unreachable or reachable again.",
             ["condition"],
-            registry=registry,
         )
+        registry.register(tallies)
         self.supervisor: Any = None  # set by the gateway: the states of launched replicas
         registry.register(_FleetCollector(fleet))
         registry.register(_SessionCollector(fleet))
@@ -229,95 +209,91 @@ class Metrics:
         self.without_keys.register(_WithoutLabel(registry, "key", KEY_FAMILIES))
 
     def record_load(self, replica: str, outcome: str, seconds: float) -> None:
-        self._child(self.loads, replica, outcome).inc()
+        self.loads.inc((replica, outcome))
         if outcome == "ok":
-            self._child(self.load_seconds, replica).observe(seconds)
+            self.load_seconds.observe((replica,), seconds)
 
     def record_redis(self, condition: str) -> None:
-        self._child(self.redis_changes, condition).inc()
+        self.redis_changes.inc((condition,))
 
     def record_eviction(self, replica: str) -> None:
-        self._child(self.evictions, replica).inc()
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        # labels() takes a lock and builds a tuple each time; the label sets are few and bounded.
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self.evictions.inc((replica,))
 
     def record(self, ex: Exchange) -> None:
+        """One finished request, read from its record into every family it counts in."""
         preset, replica = ex.preset, ex.replica or "none"
-        self._child(
-            self.requests, preset, replica, ex.engine or "none", ex.status_class, ex.route or "none"
-        ).inc()
-        self._child(self.endpoints, ex.endpoint, ex.status_class).inc()
+        status = ex.status_class
+        per_replica = (preset, replica)
+        self.requests.inc((preset, replica, ex.engine or "none", status, ex.route or "none"))
+        self.endpoints.inc((ex.endpoint, status))
         if ex.tool:
-            self._child(self.tools, ex.tool, ex.status_class).inc()
-        self._record_key(ex)
+            self.tools.inc((ex.tool, status))
+        self._record_key(ex, status)
         if ex.finished is not None:
-            self._child(self.duration, preset, replica).observe(ex.finished - ex.started)
+            self.duration.observe(per_replica, ex.finished - ex.started)
         if ex.upstream_sent is not None:
-            self._child(self.overhead, preset).observe(ex.upstream_sent - ex.started)
+            self.overhead.observe((preset,), ex.upstream_sent - ex.started)
         if ex.load_wait is not None:
-            self._child(self.load_wait, preset).observe(ex.load_wait)
+            self.load_wait.observe((preset,), ex.load_wait)
         for kind, _ in ex.rewrites:
-            self._child(self.rewrites, preset, kind).inc()
+            self.rewrites.inc((preset, kind))
         for reason in ex.retries:
-            self._child(self.retries, preset, reason).inc()
+            self.retries.inc((preset, reason))
         if ex.pick_reason:
-            self._child(self.picks, preset, ex.pick_reason).inc()
+            self.picks.inc((preset, ex.pick_reason))
         for kind in ex.prefix_found:
-            self._child(self.prefix_volatile, preset, kind).inc()
+            self.prefix_volatile.inc((preset, kind))
         if ex.prefix_churn:
-            self._child(self.prefix_churn, preset).inc()
+            self.prefix_churn.inc((preset,))
         if ex.outcome == "client_disconnected":
-            self._child(self.disconnects, preset, ex.disconnect_phase or "waiting").inc()
+            self.disconnects.inc((preset, ex.disconnect_phase or "waiting"))
         for name in ex.ejected:
-            self._child(self.ejections, preset, name).inc()
+            self.ejections.inc((preset, name))
         for kind in ex.upstream_errors:
-            self._child(self.upstream_errors, preset, ex.failed_replica or replica, kind).inc()
+            self.upstream_errors.inc((preset, ex.failed_replica or replica, kind))
         answer = ex.answer
         if not ex.replica:
             return
-        for kind, value in (
-            ("prompt", answer.prompt_tokens),
-            ("cached", answer.cached_tokens),
-            ("completion", answer.completion_tokens),
-            ("reasoning", answer.reasoning_tokens),
-        ):
-            if value:
-                self._child(self.tokens, preset, replica, kind).inc(value)
+        tokens = self.tokens
+        if answer.prompt_tokens:
+            tokens.inc((preset, replica, "prompt"), answer.prompt_tokens)
+        if answer.cached_tokens:
+            tokens.inc((preset, replica, "cached"), answer.cached_tokens)
+        if answer.completion_tokens:
+            tokens.inc((preset, replica, "completion"), answer.completion_tokens)
+        if answer.reasoning_tokens:
+            tokens.inc((preset, replica, "reasoning"), answer.reasoning_tokens)
         if ex.first_token is not None:
-            self._child(self.ttft, preset, replica).observe(ex.first_token - ex.started)
-            tokens = answer.completion_tokens or 0
-            if ex.finished is not None and tokens > 1 and ex.finished > ex.first_token:
+            self.ttft.observe(per_replica, ex.first_token - ex.started)
+            count = answer.completion_tokens or 0
+            if ex.finished is not None and count > 1 and ex.finished > ex.first_token:
                 decode = ex.finished - ex.first_token
-                self._child(self.itl, preset, replica).observe(decode / (tokens - 1))
-                self._child(self.decode_rate, preset, replica).observe((tokens - 1) / decode)
+                self.itl.observe(per_replica, decode / (count - 1))
+                self.decode_rate.observe(per_replica, (count - 1) / decode)
         if answer.thinking_trap:
-            self._child(self.thinking_trap, preset, replica).inc()
+            self.thinking_trap.inc(per_replica)
 
-    def _record_key(self, ex: Exchange) -> None:
+    def _record_key(self, ex: Exchange, status: str) -> None:
         if ex.error_code in LIMIT_CODES:
-            self._child(self.key_limited, ex.key, str(ex.error_code)).inc()
+            self.key_limited.inc((ex.key, str(ex.error_code)))
         if ex.fallback:
-            self._child(self.fallbacks, ex.fallback_from, ex.preset, ex.fallback_reason).inc()
+            self.fallbacks.inc((ex.fallback_from, ex.preset, ex.fallback_reason))
         if ex.queue_wait is not None:
-            self._child(self.queue_wait, ex.preset, ex.priority).observe(ex.queue_wait)
+            self.queue_wait.observe((ex.preset, ex.priority), ex.queue_wait)
         if not ex.admitted:
             return
-        self._child(self.key_requests, ex.key, ex.preset, ex.priority, ex.status_class).inc()
+        key, preset = ex.key, ex.preset
+        self.key_requests.inc((key, preset, ex.priority, status))
         answer = ex.answer
-        for kind, value in (
-            ("prompt", answer.prompt_tokens),
-            ("cached", answer.cached_tokens),
-            ("completion", answer.completion_tokens),
-            ("reasoning", answer.reasoning_tokens),
-        ):
-            if value:
-                self._child(self.key_tokens, ex.key, ex.preset, kind).inc(value)
+        tokens = self.key_tokens
+        if answer.prompt_tokens:
+            tokens.inc((key, preset, "prompt"), answer.prompt_tokens)
+        if answer.cached_tokens:
+            tokens.inc((key, preset, "cached"), answer.cached_tokens)
+        if answer.completion_tokens:
+            tokens.inc((key, preset, "completion"), answer.completion_tokens)
+        if answer.reasoning_tokens:
+            tokens.inc((key, preset, "reasoning"), answer.reasoning_tokens)
 
 
 LIMIT_CODES = frozenset({"requests_per_minute", "tokens_per_minute", "tokens_per_day", "preset_not_allowed"})

@@ -328,7 +328,8 @@ def test_an_interactive_request_never_waits_behind_queued_batch_requests() -> No
             assert eventually(lambda: len(a.chat_requests) == 1)
             for index in range(1, 4):
                 futures.append(pool.submit(post, gw, "eval", chat_body(model="a", content=f"batch-{index}")))
-            assert eventually(lambda: pooled.queued_batch == 3)
+                # One at a time: each is queued before the next is sent, so their order is certain.
+                assert eventually(lambda index=index: pooled.queued_batch == index)
             futures.append(pool.submit(post, gw, "alice", chat_body(model="a", content="interactive")))
             assert eventually(lambda: pooled.queued == 4)
             assert [f.result(timeout=20).status for f in futures] == [200] * 5
