@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import zlib
 from typing import Any
 
@@ -165,7 +164,25 @@ def _too_large(limit: int) -> RequestTooLarge:
 
 # orjson reads integers within 64 bits (signed or unsigned) and turns larger ones into floats;
 # any such integer has at least 19 digits (-2**63 - 1), so only bodies with such a run take the slow path.
-LONG_DIGITS = re.compile(rb"\d{19}")
+# Looked for with bytes.translate and a substring search, not a regex: `\d{19}` costs the regex
+# engine a try at every byte (measured: 5 us on a 400-byte body, 0.5 ms on 40 KB; this, 0.7 us and
+# 38 us). Large bodies in slices, so the translated copy stays small.
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_LONG_RUN = b"0" * 19
+_SLICE = 1 << 20
+
+
+def long_digits(raw: bytes | bytearray) -> bool:
+    """Whether the body holds a run of 19 or more digits (an integer orjson cannot hold exactly)."""
+    if len(raw) <= _SLICE:
+        return _LONG_RUN in raw.translate(_DIGITS_ONLY)
+    for start in range(0, len(raw), _SLICE):
+        # Each slice begins 18 bytes early: a run across the boundary is seen whole.
+        if _LONG_RUN in raw[max(0, start - 18) : start + _SLICE].translate(_DIGITS_ONLY):
+            return True
+    return False
+
+
 INT_RANGE = range(-(2**63), 2**64)
 
 
@@ -182,7 +199,7 @@ def parse_object(raw: bytes | bytearray, max_depth: int) -> dict[str, Any]:
         body = orjson.loads(raw)  # also the strict check (NaN, lone surrogates, bad UTF-8) for both paths
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"The request body is not valid JSON: {_reason(exc)}", code="invalid_json") from None
-    if LONG_DIGITS.search(raw) is not None:
+    if long_digits(raw):
         body = json.loads(raw, parse_int=_exact_int)
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object", code="invalid_json")
@@ -204,16 +221,21 @@ def _reason(exc: orjson.JSONDecodeError) -> str:
 
 
 def _too_deep(value: Any, max_depth: int) -> bool:
-    # Iterative, so the check itself cannot hit the recursion limit it guards against.
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    # Level by level, without recursion (the check cannot hit the recursion limit it guards
+    # against) and without a tuple per node (measured on a 64 KB chat body: 44 us with tuples, 19 us so).
+    level = [value]
+    depth = 1
+    while level:
         if depth > max_depth:
             return True
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+        below: list[Any] = []
+        for node in level:
+            for child in node.values() if type(node) is dict else node:
+                kind = type(child)  # exact types: orjson makes only dict and list containers
+                if kind is dict or kind is list:
+                    below.append(child)
+        level = below
+        depth += 1
     return False
 
 

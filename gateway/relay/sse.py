@@ -118,9 +118,12 @@ class SseRelay:
             if self.first_token_at is None and (answer.content_seen or answer.reasoning_seen):
                 self.first_token_at = self._clock()
         markers = self.markers
+        for marker in markers:
+            if marker in block:
+                break
+        else:
+            return block  # the usual read: no event that carries usage or the answer's end
         found = [block.find(marker) for marker in markers]
-        if max(found) < 0:
-            return block
         # Reads often hold many events at once (64 after a stall): only the one or two that carry
         # usage or the answer's end are cut out and parsed; the bytes around them pass as they are.
         dialect = self.dialect
@@ -165,6 +168,8 @@ def _event_around(data: bytes, at: int, lo: int) -> tuple[int, int, int]:
 
 def _last_boundary(data: bytes | bytearray, start: int) -> int:
     """The end of the last complete event in data[start:] (0 when there is none)."""
+    if data.endswith(b"\n\n") or data.endswith(b"\r\r"):  # the usual read: whole events
+        return len(data)
     best = 0
     for boundary in _BOUNDARIES:
         at = data.rfind(boundary, start)

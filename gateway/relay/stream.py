@@ -79,10 +79,12 @@ async def relay_stream(
                 await keepalive.stop()
         changes = await _begin(responder, response, changes)
         begun = True
-        async for chunk in _chained(first, chunks):
+        # `wants` says whether a change is still at work on this block: no `bool(changes)` per read.
+        changing = changes is not None and bool(changes.items)
+        async for chunk in _chained(first, chunks) if first else chunks:
             out = relay.feed(chunk)
-            if out and changes and changes.wants(out):
-                out = encode(changes.stream(parse(out)))
+            if out and changing and changes.wants(out):  # type: ignore[union-attr]
+                out = encode(changes.stream(parse(out)))  # type: ignore[union-attr]
             if out:
                 if ex.first_token is None and relay.first_token_at is not None:
                     ex.first_token = relay.first_token_at

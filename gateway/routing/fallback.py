@@ -89,15 +89,19 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     chars = 0
     stack: list[Any] = [body[key] for key in _PROMPT_KEYS if key in body]
     budget = 1_000_000  # values visited, at most: a body is bounded, this keeps the walk bounded too
+    push = stack.append
     while stack and budget:
         budget -= 1
         value = stack.pop()
-        if isinstance(value, str):
+        kind = type(value)  # exact types, as the JSON parsers make them: cheaper than isinstance
+        if kind is str:
             chars += len(value)
-        elif isinstance(value, list):
+        elif kind is list:
             stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(v for k, v in value.items() if k not in _SKIP_KEYS)
+        elif kind is dict:
+            for key, child in value.items():
+                if key not in _SKIP_KEYS:
+                    push(child)
     return chars // 4
 
 

@@ -97,7 +97,10 @@ def test_case_26_content_length_above_the_limit(gw: Running, upstream: FaultServ
     """Case 26: Content-Length over the limit: 413 request_too_large at once, body unread, 0 upstream."""
     before = len(upstream.chat_requests)
     head = encode_request(
-        "POST", CHAT, None, [("Content-Type", "application/json"), ("Content-Length", str(2 * 1024 * 1024 + 1))]
+        "POST",
+        CHAT,
+        None,
+        [("Content-Type", "application/json"), ("Content-Length", str(2 * 1024 * 1024 + 1))],
     )
     with connect(address_of(gw.url)) as sock:
         # The body is never sent: a gateway that waited for it would answer 408 at the body timeout.

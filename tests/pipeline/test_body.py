@@ -3,10 +3,19 @@ import os
 import zlib
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
-from gateway.pipeline.body import MAX_RATIO, ClientGone, decompress, has_images, parse_object, read_body
+from gateway.pipeline.body import (
+    MAX_RATIO,
+    ClientGone,
+    decompress,
+    has_images,
+    long_digits,
+    parse_object,
+    read_body,
+)
 
 
 @pytest.mark.parametrize(
@@ -153,3 +162,28 @@ def test_bad_or_unknown_encodings_are_client_errors(raw: bytes, encoding: str, s
     with pytest.raises(GatewayError) as caught:
         decompress(raw, encoding, limit=1 << 20)
     assert caught.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        (b'{"seed": 1234567890123456789}', True),  # 19 digits
+        (b'{"seed": 123456789012345678}', False),  # 18
+        (b'{"a": "12345678901234567890"}', True),  # in a string too: the slow path is only exact
+        (b'{"a": 1.2345678901234567e5}', False),
+    ],
+)
+def test_a_run_of_nineteen_digits_is_found(text: bytes, found: bool) -> None:
+    assert long_digits(text) is found
+    assert long_digits(bytearray(text)) is found
+
+
+def test_a_long_run_across_the_slices_of_a_large_body_is_found() -> None:
+    filler = b" " * ((1 << 20) - 10)
+    assert long_digits(b'{"a":' + filler + b"12345678901234567890}")  # straddles the first slice's end
+    assert not long_digits(b'{"a":' + filler + b"123456789 123456789}")
+
+
+def test_an_integer_past_64_bits_is_forwarded_exactly() -> None:
+    body = parse_object(b'{"model": "m", "seed": 123456789012345678901234567890}', 64)
+    assert orjson.dumps(body) == b'{"model":"m","seed":123456789012345678901234567890}'

@@ -15,7 +15,7 @@ def test_the_usage_is_read_from_the_end_of_a_large_answer() -> None:
     assert _tail_usage(answer) == {"usage": {"prompt_tokens": 7, "total_tokens": 7}}
 
 
-@pytest.mark.parametrize("text", ['a } b', 'quote \\" and { brace', "back\\\\slash }"])
+@pytest.mark.parametrize("text", ["a } b", 'quote \\" and { brace', "back\\\\slash }"])
 def test_strings_inside_the_usage_do_not_end_it(text: str) -> None:
     answer = b'{"x": 1, "usage": {"note": "' + text.encode() + b'", "prompt_tokens": 3}}'
     usage = _tail_usage(answer)
