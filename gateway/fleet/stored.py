@@ -15,9 +15,11 @@ no longer answers for its ids.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from gateway.errors import NotFound
 from gateway.types import Scope
 
 MAX_ID = 128
@@ -95,6 +97,23 @@ class StoredResponses:
         replica (the replica would serve it), unlike an id the gateway never saw."""
         entry = self._where.get(response_id) if len(response_id) <= MAX_ID else None
         return entry is not None and not owner.admin and entry[1] != owner.key
+
+    def refuse_foreign(self, body: Mapping[str, Any], owner: Owner) -> None:
+        """Raises NotFound for a request that continues another key's stored answer: refused, not
+        forwarded, since the replica would continue it for anyone."""
+        previous = body.get("previous_response_id")
+        if isinstance(previous, str) and self.foreign(previous, owner):
+            raise NotFound(
+                "No stored response with this id is known to the gateway",
+                code="response_not_found",
+                param="previous_response_id",
+            )
+
+    def holder(self, body: Mapping[str, Any], preset: str, owner: Owner) -> str | None:
+        """The replica of `preset` that holds the stored answer this request continues, if any."""
+        previous = body.get("previous_response_id")
+        where = self.find(previous, owner) if isinstance(previous, str) else None
+        return where[1] if where is not None and where[0] == preset else None
 
     def forget(self, response_id: str, owner: Owner = OPEN_OWNER) -> None:
         entry = self._where.get(response_id)

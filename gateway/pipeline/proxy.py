@@ -26,9 +26,9 @@ from typing import Any
 from gateway.answers.assemble import assembler_for
 from gateway.dialects import tool_schemas
 from gateway.dialects.registry import WHOLE_AS_STREAM, Endpoint
-from gateway.errors import ContextExceeded, GatewayError, GatewayTimeout, NotFound, UpstreamFailure
+from gateway.errors import ContextExceeded, GatewayError, GatewayTimeout, UpstreamFailure
 from gateway.fleet.replicas import Replica
-from gateway.fleet.stored import Owner, StoredResponses
+from gateway.fleet.stored import StoredResponses
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Attempt, Dispatcher, RetryBudget, finish
 from gateway.pipeline.blobs import Blobs
@@ -133,14 +133,7 @@ class Proxy:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
         body, blobs = await parse(raw, settings)
         check_request(body, endpoint)
-        previous = body.get("previous_response_id")
-        if isinstance(previous, str) and self.stored.foreign(previous, ex.owner):
-            # Refused, not forwarded: the replica would continue another key's answer for anyone.
-            raise NotFound(
-                "No stored response with this id is known to the gateway",
-                code="response_not_found",
-                param="previous_response_id",
-            )
+        self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True
         responder.model = body.get("model")
         if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
@@ -183,7 +176,8 @@ class Proxy:
                 except GatewayError as error:
                     if responder.started and not responder.opened:
                         raise  # a replica's answer started: nothing can take the request over
-                    tokens = _counted_by(error, tokens)
+                    if isinstance(error, ContextExceeded) and error.prompt_tokens is not None:
+                        tokens = error.prompt_tokens  # as the engine counted it in its refusal
                     target = fallbacks.after(ex, preset, error, tokens)
                     if target is None:
                         raise
@@ -231,7 +225,7 @@ class Proxy:
             key=key,
             blobs=call.blobs,
             forward=[(name, call.headers[name]) for name in call.endpoint.forward if name in call.headers],
-            pinned=self._pinned(plan.body, preset, call.ex.owner),
+            pinned=self.stored.holder(plan.body, preset.name, call.ex.owner),
             batch=call.ex.priority == "batch",
             shared_ticket=ticket,
             patience=call.patience,
@@ -346,19 +340,6 @@ class Proxy:
             else:
                 await finish(response, attempt.release, replica)
 
-    def _pinned(self, body: dict[str, Any], preset: Preset, owner: Owner) -> str | None:
-        """A request that continues a stored response goes to the replica that holds it."""
-        previous = body.get("previous_response_id")
-        where = self.stored.find(previous, owner) if isinstance(previous, str) else None
-        return where[1] if where is not None and where[0] == preset.name else None
-
 
 def _is_stream(response: UpstreamResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
-
-
-def _counted_by(error: GatewayError, tokens: int) -> int:
-    """The prompt's tokens as the engine counted them in its refusal, where it did."""
-    if isinstance(error, ContextExceeded) and error.prompt_tokens is not None:
-        return error.prompt_tokens
-    return tokens
