@@ -78,6 +78,11 @@ class GatewayError(Exception):
         return render(self.message, self.type, self.code, self.param)
 
     @property
+    def key_limit(self) -> str | None:
+        """The key's limit this refusal enforces (the `gateway_key_limited` label), else None."""
+        return None
+
+    @property
     def retry_after(self) -> int | None:
         """The seconds its `retry-after` header says, where it has one."""
         value = self.headers.get("retry-after")
@@ -143,6 +148,10 @@ class Forbidden(GatewayError):
     status = 403
     type = "invalid_request_error"
     default_code = "forbidden"
+
+    @property
+    def key_limit(self) -> str | None:
+        return "preset_not_allowed" if self.code == "preset_not_allowed" else None
 
 
 class NotFound(GatewayError):
@@ -210,6 +219,10 @@ class RateLimited(GatewayError):
     type = "rate_limit_exceeded"
     default_code = "rate_limited"
     busy = True
+
+    @property
+    def key_limit(self) -> str | None:
+        return self.code
 
 
 class GatewayBug(GatewayError):

@@ -37,6 +37,7 @@ class Exchange:
     status: int = 0  # what went out to the client; 0 while nothing did
     outcome: Outcome = "completed"
     error_code: str | None = None
+    key_limit: str | None = None  # the key's limit that refused it (errors.GatewayError.key_limit)
     disconnect_phase: str | None = None
     rewrites: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message)

@@ -274,8 +274,8 @@ class Metrics:
             self.thinking_trap.inc(per_replica)
 
     def _record_key(self, ex: Exchange, status: str) -> None:
-        if ex.error_code in LIMIT_CODES:
-            self.key_limited.inc((ex.key, str(ex.error_code)))
+        if ex.key_limit is not None:
+            self.key_limited.inc((ex.key, ex.key_limit))
         if ex.fallback:
             self.fallbacks.inc((ex.fallback_from, ex.preset, ex.fallback_reason))
         if ex.queue_wait is not None:
@@ -296,7 +296,6 @@ class Metrics:
             tokens.inc((key, preset, "reasoning"), answer.reasoning_tokens)
 
 
-LIMIT_CODES = frozenset({"requests_per_minute", "tokens_per_minute", "tokens_per_day", "preset_not_allowed"})
 STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
 
 

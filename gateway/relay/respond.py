@@ -120,7 +120,7 @@ class Responder:
         reply = self.dialect.error_reply(
             error, streaming=self.streaming, opened=self.opened, request_id=ex.request_id, model=self.model
         )
-        ex.error_code = str(error.code)
+        ex.error_code, ex.key_limit = str(error.code), error.key_limit
         if reply.stream:
             if not self.started:
                 await self.start(200, stream_head(ex))
