@@ -200,8 +200,17 @@ class Proxy:
         ex.stream = plan.stream
         key = self.prefixes.apply(plan.body, ex, preset, call.headers)
         attempt = self._attempt(call, preset, plan, ticket, tokens, key)
-        if server is not None:
-            await serve_rounds(self, call, preset, plan, server, attempt)
+        if server is not None and table.server_tools is not None:
+            await serve_rounds(
+                self.dispatcher,
+                self.ctx.settings,
+                table.server_tools,
+                call.responder,
+                preset,
+                plan,
+                server,
+                attempt,
+            )
             return
         try:
             await self.send_and_relay(attempt, plan, call.responder)

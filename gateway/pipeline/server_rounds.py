@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from gateway.errors import GatewayTimeout, UpstreamFailure
-from gateway.pipeline.attempts import Attempt, finish
+from gateway.pipeline.attempts import Attempt, Dispatcher, finish
 from gateway.pipeline.rewrite import Plan
 from gateway.relay.keepalive import KeepAlive
 from gateway.relay.replica_errors import relay_replica_error
-from gateway.relay.respond import gateway_headers, stream_head
+from gateway.relay.respond import Responder, gateway_headers, stream_head
 from gateway.relay.whole import answer_headers
-from gateway.routing.table import Preset
+from gateway.routing.table import Preset, ServerTools
 from gateway.servertools import loop as server_tools
 from gateway.servertools.execute import Executor
 from gateway.servertools.sse import events as server_tool_events
-
-if TYPE_CHECKING:
-    from gateway.pipeline.proxy import Call, Proxy
+from gateway.settings import Settings
 
 
 class _Answered(Exception):
@@ -32,18 +30,24 @@ class _Answered(Exception):
 
 
 async def serve_rounds(
-    proxy: Proxy, call: Call, preset: Preset, plan: Plan, server: server_tools.ServerCalls, first: Attempt
+    dispatcher: Dispatcher,
+    settings: Settings,
+    config: ServerTools,
+    responder: Responder,
+    preset: Preset,
+    plan: Plan,
+    server: server_tools.ServerCalls,
+    first: Attempt,
 ) -> None:
     """The server-tool loop (servertools/loop.py): each round a whole answer from the preset,
-    the client's answer written once at the end, whole or as its dialect's events."""
-    ex, endpoint, responder, settings = call.ex, call.endpoint, call.responder, proxy.ctx.settings
-    config = proxy.ctx.fleet().table.server_tools
-    assert config is not None
+    sent through the dispatcher as `first` was, the client's answer written once at the end,
+    whole or as its dialect's events."""
+    ex, endpoint = responder.ex, first.endpoint
     first.as_stream = frozenset()  # each round whole: the loop reads it before anything is sent
 
     async def send(body: dict[str, Any]) -> dict[str, Any]:
         attempt = dataclasses.replace(first, body=body, tried=[], refused=[], encoded={})
-        response, replica = await proxy.dispatcher.open(attempt)
+        response, replica = await dispatcher.open(attempt)
         try:
             if response.status >= 300:
                 secret = replica.api_key()
@@ -95,4 +99,4 @@ async def serve_rounds(
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         await responder.start(200, [*head, *gateway_headers(ex), *answer_headers(ex)])
         await responder.body(data, more=False)
-    ex.finished = proxy.ctx.clock()
+    ex.finished = responder.clock()

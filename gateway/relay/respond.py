@@ -19,7 +19,7 @@ from gateway.dialects.base import Dialect
 from gateway.dialects.openai import OPENAI
 from gateway.errors import MAX_MESSAGE, GatewayError, NoUpstream
 from gateway.ops.exchange import Exchange
-from gateway.relay.replica_errors import upstream_error, upstream_error_body
+from gateway.relay.replica_message import upstream_error, upstream_error_body
 from gateway.types import Send
 
 

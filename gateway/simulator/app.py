@@ -221,7 +221,7 @@ class Replica:
             await _send_json(send, exc.status, wire.error_shape(cfg, exc.status, exc.payload))
             return
         self.counter += 1
-        out = misbehave.output(cfg, engine.generate(cfg, prep, self.counter))
+        out = misbehave.output(cfg.misbehave, engine.generate(cfg, prep, self.counter))
         rid = wire.id_prefix + os.urandom(16).hex()
         slot, kv = -1, 0
         self.in_flight += 1
@@ -243,13 +243,13 @@ class Replica:
             if prep.stream:
                 if not self.vllm:
                     await self._start_sse(send)
-                for count, event in misbehave.stream(cfg, wire.stream(cfg, reply)):
+                for count, event in misbehave.stream(cfg.misbehave, wire.stream(cfg, reply)):
                     await self._decode(count)
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await self._decode(out.completion_tokens)
-                await _send_json(send, 200, misbehave.whole(cfg, wire.response(cfg, reply)))
+                await _send_json(send, 200, misbehave.whole(cfg.misbehave, wire.response(cfg, reply)))
             self.counters.completed += 1
             if not self.vllm:
                 self.slot_cache.store(slot, prep.prompt + out.text().encode())

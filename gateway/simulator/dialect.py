@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.simulator import engine
-from gateway.simulator.engine import FINGERPRINT, Output, Prepared, SimConfig
+from gateway.simulator.engine import FINGERPRINT, Prepared, SimConfig
+from gateway.simulator.output import Output
 from gateway.types import Json
 
 

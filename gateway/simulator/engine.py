@@ -18,6 +18,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.simulator import engine_quirks, misbehave, script
+from gateway.simulator.output import Output
 from gateway.types import Json
 
 Engine = Literal["vllm", "llamacpp"]
@@ -429,26 +430,6 @@ def prepare_body(
 
 
 # --- generation --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Output:
-    """What the simulated model generates for one request: reasoning and content tokens, a tool
-    call, the finish reason, and whether the answer began before the budget ran out."""
-
-    reasoning: tuple[str, ...]
-    content: tuple[str, ...]
-    tool_call: Json | None
-    tool_tokens: int
-    finish_reason: str
-    answered: bool  # False when the budget ran out before the answer (content is then empty/null)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.reasoning) + len(self.content) + self.tool_tokens
-
-    def text(self) -> str:
-        return " ".join((*self.reasoning, *self.content))
 
 
 def generate(cfg: SimConfig, prep: Prepared, counter: int) -> Output:

@@ -28,14 +28,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from gateway.simulator.output import Output
 from gateway.types import Json
-
-if TYPE_CHECKING:
-    from gateway.simulator.engine import Output, SimConfig
 
 LEAKS = ("leak_xml", "leak_hermes", "leak_json", "leak_glm", "think_call")
 IDS = ("dup_ids", "missing_ids")
@@ -72,9 +70,9 @@ def call_text(mode: str, name: str, arguments: Json) -> str:
     return f"<tool_call>\n{body}\n</tool_call>" if mode == "leak_hermes" else body
 
 
-def output(cfg: SimConfig, out: Output) -> Output:
+def output(spec: str, out: Output) -> Output:
     """The generated answer with its call leaked as text, where a leak mode is on."""
-    on = modes(cfg.misbehave)
+    on = modes(spec)
     mode = next((m for m in LEAKS if m in on), None)
     if mode is None or out.tool_call is None:
         return out
@@ -99,8 +97,8 @@ def output(cfg: SimConfig, out: Output) -> Output:
 # --- parallel calls with broken ids -------------------------------------------------------------
 
 
-def _id_mode(cfg: SimConfig) -> str | None:
-    on = modes(cfg.misbehave)
+def _id_mode(spec: str) -> str | None:
+    on = modes(spec)
     return next((m for m in IDS if m in on), None)
 
 
@@ -118,9 +116,9 @@ def _without(call: Json, key: str, mode: str) -> Json:
     return {k: v for k, v in call.items() if k != key} if mode == "missing_ids" else call
 
 
-def whole(cfg: SimConfig, payload: Json) -> Json:
+def whole(spec: str, payload: Json) -> Json:
     """A whole answer with its call made twice, where an id mode is on."""
-    mode = _id_mode(cfg)
+    mode = _id_mode(spec)
     if mode is None:
         return payload
     choices = payload.get("choices")
@@ -167,9 +165,9 @@ def _encode(name: str | None, data: Json) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def stream(cfg: SimConfig, events: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def stream(spec: str, events: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     """A stream with its call made twice, where an id mode is on; otherwise the events as they are."""
-    mode = _id_mode(cfg)
+    mode = _id_mode(spec)
     if mode is None:
         yield from events
         return

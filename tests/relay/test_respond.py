@@ -12,7 +12,7 @@ from gateway.dialects.openai import OPENAI
 from gateway.dialects.responses import RESPONSES
 from gateway.errors import GatewayError, NoUpstream, QueueFull, Unauthorized
 from gateway.ops.exchange import Exchange
-from gateway.relay.replica_errors import FORWARDED_MESSAGE_LIMIT, scrub, upstream_error_body
+from gateway.relay.replica_message import FORWARDED_MESSAGE_LIMIT, scrub, upstream_error_body
 from gateway.relay.respond import send_error
 from tests.support.asgi import Sent
 
