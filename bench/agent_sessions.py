@@ -38,29 +38,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
+from bench.support.agents import AgentsMissing, base_env, claude_binary, codex_binary, run_turn
 from bench.support.gateway import Running, run_gateway
 from bench.support.servers import ThreadServer
 from gateway.simulator import SimConfig, create_app
 from gateway.simulator.script import ECHO, SUMMARY_CUES
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / ".agents" / "node_modules" / ".bin"
 DEFAULT_OUT = ROOT / "bench" / "results" / "agent_sessions.jsonl"
 PRESET = "coder"
 KEY_ENV = "FLEET_GATEWAY_KEY"  # the variable `connect` names for Codex's key
@@ -94,52 +92,6 @@ class Session:
 
 
 # --- the agents -----------------------------------------------------------------------------------
-
-
-def binary(name: str, override: str) -> Path:
-    path = Path(os.environ[override]) if override in os.environ else BIN / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise SystemExit(f"{path} is missing: run scripts/install-agents (or set {override})")
-    return path
-
-
-def base_env(home: Path) -> dict[str, str]:
-    # Built from scratch: nothing of the caller's keys, proxies or agent settings leaks in.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TERM": "dumb"}
-    env.update(LANG="C.UTF-8", NO_COLOR="1")
-    if Path("/bin/bash").is_file():
-        env["SHELL"] = "/bin/bash"
-    return env
-
-
-@dataclass(frozen=True)
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run(command: Sequence[str], env: Mapping[str, str], cwd: Path, timeout: float = TURN_TIMEOUT) -> Run:
-    """One CLI run in its own process group, killed whole on timeout and swept after exit."""
-    process = subprocess.Popen(
-        list(command),
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate(timeout=10)
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-    return Run(process.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 def connect_output(agent: str, url: str) -> str:
@@ -206,9 +158,9 @@ def claude_turn(home: Path, url: str, variant: str, prompt: str, first: bool) ->
         ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=DUMMY_KEY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1"
     )
     env.update(DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1", **CLAUDE_LIMITS)
-    command = [str(binary("claude", "FLEET_CLAUDE_CODE")), "-p", prompt, "--output-format", "json"]
+    command = [str(claude_binary()), "-p", prompt, "--output-format", "json"]
     command += ["--allowedTools", "Bash", *([] if first else ["--continue"])]
-    done = run(command, env, home / "project")
+    done = run_turn(command, env, home / "project", TURN_TIMEOUT)
     try:
         result = json.loads(done.stdout)
     except ValueError:
@@ -224,7 +176,7 @@ def codex_turn(home: Path, url: str, variant: str, prompt: str, first: bool) -> 
         (codex_home / "config.toml").write_text(codex_config(url, variant))
     env = base_env(home)
     env.update({"CODEX_HOME": str(codex_home), KEY_ENV: DUMMY_KEY})
-    command = [str(binary("codex", "FLEET_CODEX")), "exec", "--skip-git-repo-check", "--sandbox"]
+    command = [str(codex_binary()), "exec", "--skip-git-repo-check", "--sandbox"]
     command += [
         "workspace-write",
         "--color",
@@ -233,7 +185,7 @@ def codex_turn(home: Path, url: str, variant: str, prompt: str, first: bool) -> 
         *([] if first else ["resume", "--last"]),
         prompt,
     ]
-    done = run(command, env, home / "project")
+    done = run_turn(command, env, home / "project", TURN_TIMEOUT)
     events = []
     for line in done.stdout.splitlines():
         with contextlib.suppress(ValueError):
@@ -387,6 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted({*agents} - {"claude", "codex"}) + sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown agents or variants: {unknown}")
+    try:
+        for agent in agents:
+            claude_binary() if agent == "claude" else codex_binary()
+    except AgentsMissing as missing:
+        raise SystemExit(str(missing)) from None
     sessions = []
     for agent in agents:
         for variant in variants:

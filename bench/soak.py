@@ -1,7 +1,7 @@
 """A bounded soak: does the gateway hold its memory and its latency over minutes of streaming?
 
     python -m bench.soak                      # 10 minutes, 32 concurrent streams, half of them aborting
-    python -m bench.soak --duration 30 --warmup 10 --out soak.jsonl   # the CI form (tests/acceptance/test_soak.py)
+    python -m bench.soak --duration 30 --warmup 10 --out soak.jsonl   # the CI form (tests/acceptance)
 
 Run from the repository root (`python -m` puts it on the import path).
 

@@ -22,13 +22,12 @@ from typing import Any
 import httpx2
 import pytest
 
+from bench.support.agents import AgentHome, AgentRun, AgentsMissing, require_agents, run_claude, run_codex
 from gateway.simulator import SimConfig, create_app
 from gateway.simulator.app import Replica
 from gateway.simulator.script import SUMMARY_CUES
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.servers import ThreadServer
-
-from .agents import AgentHome, AgentRun, AgentsMissing, require_agents, run_claude, run_codex
 
 ALIAS = "local-coder"  # a name neither agent knows: each assumes its own default window for it
 CONTINUED = "This session is being continued from a previous conversation"  # Claude Code, after compacting

@@ -23,6 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from bench.support.agents import (
+    AgentHome,
+    AgentsMissing,
+    codex_binary,
+    codex_env,
+    require_agents,
+    run_claude,
+    run_turn,
+)
 from gateway.ops import catalogue
 from gateway.tools.connect import (
     PresetInfo,
@@ -32,16 +41,6 @@ from gateway.tools.connect import (
     render,
 )
 from tests.support.servers import ThreadServer
-
-from .agents import (
-    AgentHome,
-    AgentsMissing,
-    codex_binary,
-    codex_env,
-    require_agents,
-    run_claude,
-    run_turn,
-)
 
 CONTEXT = 32768
 PRESET = PresetInfo("coder", (), CONTEXT, 32768)

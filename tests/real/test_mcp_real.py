@@ -15,10 +15,10 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from bench.support.agents import AgentHome, AgentsMissing, claude_binary, claude_env, require_agents, run_turn
 from tests.support.harness import Running, run_gateway
 from tests.support.servers import sim_replica
 
-from .agents import AgentHome, AgentsMissing, claude_binary, claude_env, require_agents, run_turn
 from .backends import LlamaServer
 
 KEY = "mcp-real-key"

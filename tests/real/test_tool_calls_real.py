@@ -17,11 +17,11 @@ from typing import Any
 import httpx2
 import pytest
 
+from bench.support.agents import AgentHome, AgentsMissing, require_agents, run_claude, run_codex
 from gateway.simulator import SimConfig, create_app
 from tests.support.harness import Running, eventually, run_gateway
 from tests.support.servers import ThreadServer
 
-from .agents import AgentHome, AgentsMissing, require_agents, run_claude, run_codex
 from .backends import LlamaServer, VllmServer
 
 DEFAULT_FIXES = (

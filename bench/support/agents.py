@@ -106,7 +106,8 @@ def require_agents() -> None:
 
 
 def versions() -> dict[str, str]:
-    """``--version`` of each CLI, e.g. ``{"claude": "2.1.332 (Claude Code)", "codex": "codex-cli 0.171.0"}``."""
+    """``--version`` of each CLI, e.g. ``{"claude": "2.1.332 (Claude Code)", "codex": "codex-cli
+    0.171.0"}``."""
     out = {}
     for name, binary in (("claude", claude_binary()), ("codex", codex_binary())):
         done = subprocess.run(
@@ -114,7 +115,7 @@ def versions() -> dict[str, str]:
             capture_output=True,
             text=True,
             timeout=60,
-            env=_base_env(Path(tempfile.gettempdir())),
+            env=base_env(Path(tempfile.gettempdir())),
             check=True,
         )
         out[name] = done.stdout.strip()
@@ -159,7 +160,7 @@ class AgentHome:
         self.close()
 
 
-def _base_env(home: Path) -> dict[str, str]:
+def base_env(home: Path) -> dict[str, str]:
     env = {
         # PATH from the caller: the Codex launcher needs node, the agents' shell tools need bash.
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -191,7 +192,7 @@ def claude_env(
     ``ANTHROPIC_SMALL_FAST_MODEL``. ``max_retries`` sets ``CLAUDE_CODE_MAX_RETRIES`` (None: the
     CLI's default, which retries errors with backoff for minutes).
     """
-    env = _base_env(home.home)
+    env = base_env(home.home)
     env["ANTHROPIC_BASE_URL"] = base_url.rstrip("/")
     env["ANTHROPIC_AUTH_TOKEN" if bearer else "ANTHROPIC_API_KEY"] = api_key
     # No HEAD /api/hello probe, telemetry, error reporting or update checks: only /v1/messages.
@@ -271,7 +272,7 @@ def codex_env(
     env_key: str = CODEX_KEY_ENV,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    env = _base_env(home.home)
+    env = base_env(home.home)
     env["CODEX_HOME"] = str(home.codex_home)
     env[env_key] = api_key
     env.update(extra or {})
@@ -427,7 +428,7 @@ def run_codex(
 def main(argv: Sequence[str] | None = None) -> int:
     """Self-check: one turn of each agent against a server that fakes both APIs.
 
-    ``python -m tests.real.agents http://127.0.0.1:PORT`` (Claude Code gets the URL, Codex the URL
+    ``python -m bench.support.agents http://127.0.0.1:PORT`` (Claude Code gets the URL, Codex the URL
     plus ``/v1``). Prints each run and exits non-zero when one failed.
     """
     import argparse
