@@ -43,7 +43,11 @@ from gateway.tools.connect import (
 from tests.support.servers import ThreadServer
 
 CONTEXT = 32768
-PRESET = PresetInfo("coder", (), CONTEXT, 32768)
+# Claude Code's own prompt and tools take 15k-20k tokens: connect prints a window only from a
+# context whose compaction point leaves room for a conversation (64k here; below it the gateway's
+# overflow answer drives compaction, tests/real/test_agent_sessions_real.py).
+CLAUDE_CONTEXT = 65536
+PRESET = PresetInfo("coder", (), CLAUDE_CONTEXT, 32768)
 TOOL_ROUNDS = 3
 
 
@@ -224,7 +228,7 @@ def run_claude_against(last_prompt_tokens: int, home: AgentHome) -> Scripted:
 
 
 def test_claude_code_compacts_at_the_window_connect_prints(tmp_path: Path) -> None:
-    threshold = claude_compact_threshold(CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
     with AgentHome(tmp_path) as home:
         server = run_claude_against(threshold + 1500, home)
     bodies = [r["body"] for r in server.model_requests]
@@ -238,7 +242,7 @@ def test_claude_code_compacts_at_the_window_connect_prints(tmp_path: Path) -> No
 
 
 def test_claude_code_does_not_compact_below_the_window_connect_prints(tmp_path: Path) -> None:
-    threshold = claude_compact_threshold(CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
     with AgentHome(tmp_path) as home:
         server = run_claude_against(threshold - 4000, home)
     bodies = [r["body"] for r in server.model_requests]
@@ -246,9 +250,9 @@ def test_claude_code_does_not_compact_below_the_window_connect_prints(tmp_path: 
     assert len(bodies) == TOOL_ROUNDS + 1
 
 
-def test_claude_code_without_the_printed_window_does_not_compact_a_small_context(tmp_path: Path) -> None:
+def test_claude_code_without_the_printed_window_does_not_compact(tmp_path: Path) -> None:
     # The control: the same prompt size with the preset's name but no window variable.
-    threshold = claude_compact_threshold(CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
     with Scripted(claude_script(threshold + 1500)) as server, AgentHome(tmp_path) as home:
         env = printed_claude_environment(server.url)
         del env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]

@@ -98,6 +98,9 @@ class Sse(Behaviour):
     partial: bytes = b""  # written after the events, just before `end`: half an event
     end: Literal["finish", "close", "reset", "stall", "hold"] = "finish"
     gate: Gate | None = None
+    # Lock-step: the event after the k-th waits for pace[k-1], which the test opens once the client
+    # holds the k-th; a relay that held an event back would never get the next one.
+    pace: tuple[Gate, ...] = ()
     done: bool = True
     framing: Literal["chunked", "close"] = "chunked"
     headers: tuple[tuple[str, str], ...] = ()
@@ -150,6 +153,9 @@ class Sse(Behaviour):
 
     async def _send(self, conn: Conn, req: Request, data: bytes, chunked: bool, event: bool = True) -> None:
         if conn.gone:
+            raise ConnectionGone
+        sent = len(req.events_sent)
+        if event and 0 < sent <= len(self.pace) and not await conn.wait_gate(self.pace[sent - 1]):
             raise ConnectionGone
         # A 1 MB event goes out whole: a million 1-byte writes would time the test, not the gateway.
         if self.bytewise and len(data) <= 64 * 1024:
