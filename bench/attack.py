@@ -28,7 +28,8 @@ simulator, or a scripted answer, where the attack needs one):
 - extract_schema: `extract` calls whose schema refers to a file (a FIFO, so an open shows) and to
   a listener of ours, and one whose `pattern` backtracks exponentially on the answer; whether the
   file was opened, how many connections the listener got, and /health's worst latency meanwhile;
-- cut_charge: a placeholder for the cut-stream token charge attack (the request path's, not here).
+- cut_charge: five streamed ~7,500-token prompts, each cut by its client after the first event,
+  under `tokens_per_minute: 1000`; what the key was charged and whether its next request was admitted.
 
 Figures are the gateway's own process, read from /proc (MB = 10^6 bytes, MiB = 2^20); nothing here
 is a pass/fail bound.

@@ -152,14 +152,9 @@ class Proxy:
         ex.admitted, ex.reservation = True, admission.reservation
         call = Call(endpoint, headers, len(raw), body, blobs, ex, responder, patience(headers))
         forbidden = headers.get("x-gateway-fallback", "").strip().lower() == "none"
+        ctx = self.ctx
         fallbacks = Fallbacks(
-            fleet,
-            preset,
-            endpoint,
-            identity,
-            forbidden=forbidden,
-            clock=self.ctx.clock,
-            lifecycle=self.ctx.lifecycle,
+            fleet, preset, endpoint, identity, forbidden=forbidden, clock=ctx.clock, lifecycle=ctx.lifecycle
         )
         pool = fleet.pools[preset.name]
         ex.counted_tokens = await prompt_tokens(

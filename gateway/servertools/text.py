@@ -39,6 +39,8 @@ _BLOCK = frozenset(
 )
 _SPACES = re.compile(r"[ \t\r\f\v]+")
 _LINES = re.compile(r"\n\s*\n+")
+_KEEP = "\x00"  # marks a line from <pre>; removed from the page's own text first
+TITLE_LIMIT = 300
 TEXT_TYPES = (
     "text/",
     "application/json",
@@ -80,11 +82,16 @@ class _Text(HTMLParser):
             self._add("\n")
 
     def handle_data(self, data: str) -> None:
-        if self.in_title and len(self.title) < 300:
-            self.title += data
+        if self.in_title:
+            self.title += data[: TITLE_LIMIT - len(self.title)]
             return
-        if not self.skipping:
-            self._add(data if self.in_pre else _SPACES.sub(" ", data))
+        if self.skipping:
+            return
+        data = data.replace(_KEEP, "")
+        if self.in_pre:  # code keeps its indentation: each of its lines is marked to stay unstripped
+            self._add(_KEEP + data.replace("\n", "\n" + _KEEP))
+        else:
+            self._add(_SPACES.sub(" ", data))
 
     def _add(self, text: str) -> None:
         if self.size < self.limit:
@@ -97,8 +104,15 @@ def html_text(html: str, limit: int) -> tuple[str, str]:
     parser = _Text(limit)
     parser.feed(html)
     parser.close()
-    text = _LINES.sub("\n\n", "\n".join(line.strip() for line in "".join(parser.parts).split("\n")))
+    lines = "".join(parser.parts).split("\n")
+    text = _LINES.sub("\n\n", "\n".join(_line(line) for line in lines))
     return " ".join(parser.title.split()), text.strip()[:limit]
+
+
+def _line(line: str) -> str:
+    if line.startswith(_KEEP):
+        return line.replace(_KEEP, "").rstrip()
+    return line.replace(_KEEP, "").strip()
 
 
 def charset(content_type: str) -> str:

@@ -47,7 +47,8 @@ CONTEXT = 32768
 # context whose compaction point leaves room for a conversation (64k here; below it the gateway's
 # overflow answer drives compaction, tests/real/test_agent_sessions_real.py).
 CLAUDE_CONTEXT = 65536
-PRESET = PresetInfo("coder", (), CLAUDE_CONTEXT, 32768)
+CLAUDE_PRESET = PresetInfo("coder", (), CLAUDE_CONTEXT, 32768)
+CODEX_PRESET = PresetInfo("coder", (), CONTEXT, 32768)
 TOOL_ROUNDS = 3
 
 
@@ -202,7 +203,7 @@ def claude_script(last_prompt_tokens: int) -> Callable[[Scripted, int, dict[str,
 
 def printed_claude_environment(url: str) -> dict[str, str]:
     env = {}
-    for line in render("claude", url, [PRESET]).splitlines():
+    for line in render("claude", url, [CLAUDE_PRESET]).splitlines():
         if line.startswith("export "):
             name, _, value = line.removeprefix("export ").partition("=")
             env[name] = value
@@ -228,12 +229,12 @@ def run_claude_against(last_prompt_tokens: int, home: AgentHome) -> Scripted:
 
 
 def test_claude_code_compacts_at_the_window_connect_prints(tmp_path: Path) -> None:
-    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(CLAUDE_PRESET))
     with AgentHome(tmp_path) as home:
         server = run_claude_against(threshold + 1500, home)
     bodies = [r["body"] for r in server.model_requests]
     assert all(b["model"] == "coder" for b in bodies)
-    assert all(b["max_tokens"] == output_budget(PRESET) for b in bodies)
+    assert all(b["max_tokens"] == output_budget(CLAUDE_PRESET) for b in bodies)
     summaries = [i for i, b in enumerate(bodies) if _asks_for_a_summary(b)]
     assert summaries, [len(b["messages"]) for b in bodies]
     # The turn after the summary carries a shorter conversation than the one that was summarised.
@@ -242,7 +243,7 @@ def test_claude_code_compacts_at_the_window_connect_prints(tmp_path: Path) -> No
 
 
 def test_claude_code_does_not_compact_below_the_window_connect_prints(tmp_path: Path) -> None:
-    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(CLAUDE_PRESET))
     with AgentHome(tmp_path) as home:
         server = run_claude_against(threshold - 4000, home)
     bodies = [r["body"] for r in server.model_requests]
@@ -252,7 +253,7 @@ def test_claude_code_does_not_compact_below_the_window_connect_prints(tmp_path: 
 
 def test_claude_code_without_the_printed_window_does_not_compact(tmp_path: Path) -> None:
     # The control: the same prompt size with the preset's name but no window variable.
-    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(PRESET))
+    threshold = claude_compact_threshold(CLAUDE_CONTEXT, output_budget(CLAUDE_PRESET))
     with Scripted(claude_script(threshold + 1500)) as server, AgentHome(tmp_path) as home:
         env = printed_claude_environment(server.url)
         del env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]
@@ -363,7 +364,7 @@ def run_codex_with(config: str, home: AgentHome) -> Any:
 
 
 def printed_codex_config(url: str) -> str:
-    return render("codex", url, [PRESET])
+    return render("codex", url, [CODEX_PRESET])
 
 
 @pytest.mark.parametrize("above", [True, False], ids=["above-the-limit", "below-the-limit"])
