@@ -101,11 +101,13 @@ def turn_prompt(turn: int) -> str:
     return f"Turn {turn}: run this [[tool Bash {json.dumps({'command': command})}]]"
 
 
+@pytest.mark.parametrize("model", [None, ALIAS], ids=["its-default-model", "an-alias"])
 def test_claude_code_compacts_after_the_gateways_overflow_answer_and_completes_the_turn(
-    tmp_path: Path,
+    model: str | None, tmp_path: Path
 ) -> None:
-    """A session continued turn after turn (`claude -p --continue`) with an alias, so Claude Code
-    assumes a 1M window and only the gateway's `prompt is too long` can tell it the context is full."""
+    """A session continued turn after turn (`claude -p --continue`) with Claude Code's own default
+    model name or an alias: either way it assumes a window far past the replica's, and only the
+    gateway's `prompt is too long` can tell it the context is full."""
     with (
         replica(context=CONTEXT, summaries=True) as (sim, _),
         run_gateway(fleet_table(sim.url), log_prompts=True) as gw,
@@ -117,7 +119,7 @@ def test_claude_code_compacts_after_the_gateways_overflow_answer_and_completes_t
                 gw.url,
                 turn_prompt(turn),
                 home,
-                model=ALIAS,
+                model=model,
                 allowed_tools=("Bash",),
                 args=("--continue",) if turn else (),
                 timeout=180,
@@ -127,6 +129,8 @@ def test_claude_code_compacts_after_the_gateways_overflow_answer_and_completes_t
             if any(asks_for_a_summary(e) for e in entries(gw, "messages")):
                 break
         log = eventually(lambda: entries(gw, "messages"))
+    # Its own name reached the preset through the table's `claude-*` pattern, the alias by name.
+    assert {e["route"] for e in log} == {"pattern" if model is None else "alias"}
     refused = [i for i, e in enumerate(log) if e["status"] == 400]
     assert refused, [(e["status"], e["estimated_tokens"]) for e in log]
     first = refused[0]
