@@ -25,7 +25,7 @@ far is kept for its `.done` events, which carry that text whole anyway (the rela
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.answers.changes import Change, Changes
 from gateway.answers.events import Event, make
@@ -225,6 +225,29 @@ def _finish(reason: Any) -> Any:
 # --- Anthropic Messages -------------------------------------------------------------------------
 
 
+class _Renumbering:
+    """The client's block (Messages) or output (Responses) indexes for the engine's: a block the
+    repair opens, or text it holds back, shifts the ones after it. `FIELD` names the index."""
+
+    FIELD: ClassVar[str]
+    next: int  # the client's next index
+    index: dict[int, int]  # the engine's index -> the client's
+
+    def _take(self) -> int:
+        taken = self.next
+        self.next += 1
+        return taken
+
+    def _renumbered(self, event: Event, index: int) -> Event:
+        """The engine's event with the client's index."""
+        assert event.data is not None
+        mapped = self.index.get(index, index)
+        if mapped != index:
+            event.data = {**event.data, self.FIELD: mapped}
+            event.changed()
+        return event
+
+
 class _TextBlock:
     def __init__(self, event: Event, start: dict[str, Any], tools: Tools, limit: int) -> None:
         self.event = event  # the engine's start, sent as it came when nothing about it changes
@@ -234,16 +257,17 @@ class _TextBlock:
         self.out: int | None = None  # its index for the client, once its start went out
 
 
-class MessagesRepair(Change):
+class MessagesRepair(_Renumbering, Change):
     """Anthropic Messages: a text block's calls become `tool_use` blocks after it (a block left
     empty is not sent at all); the blocks after are numbered on."""
+
+    FIELD = "index"
 
     name = "tool_call_repair"
 
     def __init__(self, tools: Tools, ids: Ids, limit: int = MAX_HELD) -> None:
         self.tools, self.ids, self.limit = tools, ids, limit
-        self.next = 0  # the client's next block index
-        self.index: dict[int, int] = {}  # the engine's block index -> the client's
+        self.next, self.index = 0, {}
         self.blocks: dict[int, _TextBlock] = {}
         self.thinking = _Text(tools, limit)
         self.native = 0
@@ -317,7 +341,7 @@ class MessagesRepair(Change):
                 return self._said(index, given) if isinstance(given, str) and given else []
             self.native += block.get("type") == "tool_use"
             self.index[index] = self._take()
-            return [self._numbered(event, index)]
+            return [self._renumbered(event, index)]
         if kind == "content_block_delta" and index is not None:
             delta: dict[str, Any] = data["delta"] if isinstance(data.get("delta"), dict) else {}
             if (
@@ -328,14 +352,14 @@ class MessagesRepair(Change):
                 return self._said(index, delta["text"], event)
             if delta.get("type") == "thinking_delta" and isinstance(delta.get("thinking"), str):
                 self.thinking.feed(delta["thinking"])
-            return [*self._opened(index), self._numbered(event, index)]
+            return [*self._opened(index), self._renumbered(event, index)]
         if kind == "content_block_stop" and index is not None:
             if index not in self.blocks:
-                return [self._numbered(event, index)]
+                return [self._renumbered(event, index)]
             block = self.blocks.pop(index)
             out = self._said_text(index, block, block.text.end(), None)
             if block.out is not None:
-                out.append(self._numbered(event, index))
+                out.append(self._renumbered(event, index))
             self.spoke = self.spoke or block.text.spoke
             return out + self._blocks(block.text.calls)
         if kind == "message_delta":
@@ -360,20 +384,6 @@ class MessagesRepair(Change):
             out += self.stream(make({"type": "content_block_stop", "index": open_index}))
         return out
 
-    def _take(self) -> int:
-        taken = self.next
-        self.next += 1
-        return taken
-
-    def _numbered(self, event: Event, index: int) -> Event:
-        """The engine's event with the client's block index."""
-        assert event.data is not None
-        mapped = self.index.get(index, index)
-        if mapped != index:
-            event.data = {**event.data, "index": mapped}
-            event.changed()
-        return event
-
     def _opened(self, index: int) -> list[Event]:
         """A text block's deferred start, when something of it goes out."""
         block = self.blocks.get(index)
@@ -393,7 +403,7 @@ class MessagesRepair(Change):
             return []
         out = self._opened(index)
         if event is not None and event.data is not None and event.data["delta"].get("text") == text:
-            return [*out, self._numbered(event, index)]
+            return [*out, self._renumbered(event, index)]
         delta = {"type": "text_delta", "text": text}
         return [*out, make({"type": "content_block_delta", "index": block.out, "delta": delta})]
 
@@ -431,17 +441,18 @@ class _Message:
         self.calls: list[Call] = []
 
 
-class ResponsesRepair(Change):
+class ResponsesRepair(_Renumbering, Change):
     """Responses: a message item's calls become `function_call` items after it (an item left empty
     is not sent); `output_index` and `sequence_number` are numbered on, and the final response's
     `output` is what the client was sent."""
+
+    FIELD = "output_index"
 
     name = "tool_call_repair"
 
     def __init__(self, tools: Tools, ids: Ids, limit: int = MAX_HELD) -> None:
         self.tools, self.ids, self.limit = tools, ids, limit
-        self.next = 0
-        self.index: dict[int, int] = {}
+        self.next, self.index = 0, {}
         self.messages: dict[int, _Message] = {}
         self.thinking = _Text(tools, limit)
         self.items: list[Any] = []  # the items sent, done, in order
@@ -538,7 +549,7 @@ class ResponsesRepair(Change):
                 return []
             self.native += item.get("type") in ("function_call", "custom_tool_call")
             self.index[index] = self._take()
-            return [self._indexed(event, index)]
+            return [self._renumbered(event, index)]
         if index is not None and index in self.messages:
             return self._message_event(event, data, index)
         if kind in _REASONING_DELTAS and isinstance(data.get("delta"), str):
@@ -555,7 +566,7 @@ class ResponsesRepair(Change):
                 event.data = {**data, "response": {**data["response"], "output": self.items}}
                 event.changed()
             return [*out, event]
-        return [self._indexed(event, index)] if index is not None else [event]
+        return [self._renumbered(event, index)] if index is not None else [event]
 
     def _message_event(self, event: Event, data: dict[str, Any], index: int) -> list[Event]:
         message = self.messages[index]
@@ -573,14 +584,14 @@ class ResponsesRepair(Change):
             if data.get("text") != said:
                 event.data = {**data, "text": said}
                 event.changed()
-            return [*out, self._indexed(event, index)]
+            return [*out, self._renumbered(event, index)]
         if kind == "response.content_part.done" and isinstance(data.get("part"), dict):
             if message.out is None:
                 return []
             if part in message.said and data["part"].get("text") != message.said[part]:
                 event.data = {**data, "part": {**data["part"], "text": message.said[part]}}
                 event.changed()
-            return [self._indexed(event, index)]
+            return [self._renumbered(event, index)]
         if kind == "response.output_item.done" and isinstance(data.get("item"), dict):
             del self.messages[index]
             for part_text in message.parts.values():
@@ -593,12 +604,12 @@ class ResponsesRepair(Change):
                     event.data = {**data, "item": item}
                     event.changed()
                 self.items.append(item)
-                sent.append(self._indexed(event, index))
+                sent.append(self._renumbered(event, index))
             return sent + self._calls(message.calls)
         if message.out is None:
             message.held.append(event)
             return []
-        return [self._indexed(event, index)]
+        return [self._renumbered(event, index)]
 
     def _part(self, message: _Message, part: int) -> _Text:
         return message.parts.setdefault(part, _Text(self.tools, self.limit))
@@ -609,11 +620,11 @@ class ResponsesRepair(Change):
         out: list[Event] = []
         if message.out is None:
             message.out = self.index[index] = self._take()
-            out = [self._indexed(held, index) for held in message.held]
+            out = [self._renumbered(held, index) for held in message.held]
             message.held.clear()
         message.said[part] = message.said.get(part, "") + text
         if event is not None and event.data is not None and event.data.get("delta") == text:
-            return [*out, self._indexed(event, index)]
+            return [*out, self._renumbered(event, index)]
         item_id = (event.data or {}).get("item_id") if event is not None else None
         delta = {
             "type": "response.output_text.delta",
@@ -665,19 +676,6 @@ class ResponsesRepair(Change):
             done = {"type": "response.output_item.done", "output_index": index, "item": _item_of(message)}
             out += self._message_event(make(done), done, index)
         return self._numbered(out)
-
-    def _take(self) -> int:
-        taken = self.next
-        self.next += 1
-        return taken
-
-    def _indexed(self, event: Event, index: int) -> Event:
-        assert event.data is not None
-        mapped = self.index.get(index, index)
-        if mapped != index:
-            event.data = {**event.data, "output_index": mapped}
-            event.changed()
-        return event
 
     def _numbered(self, events: list[Event]) -> list[Event]:
         """`sequence_number` runs on through the events added or left out."""

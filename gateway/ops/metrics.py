@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.dialects.answer import Answer
 from gateway.fleet.prober import BACKEND_COUNTERS, BACKEND_METRICS
 from gateway.fleet.replicas import Fleet
 from gateway.fleet.slots import RATIO_BUCKETS
 from gateway.ops.exchange import Exchange
-from gateway.ops.tally import Tallies
+from gateway.ops.tally import Tallies, Tally
 
 # A `_created` series beside every counter and histogram doubles the series count for nothing a
 # dashboard here uses.
@@ -254,15 +255,7 @@ class Metrics:
         answer = ex.answer
         if not ex.replica:
             return
-        tokens = self.tokens
-        if answer.prompt_tokens:
-            tokens.inc((preset, replica, "prompt"), answer.prompt_tokens)
-        if answer.cached_tokens:
-            tokens.inc((preset, replica, "cached"), answer.cached_tokens)
-        if answer.completion_tokens:
-            tokens.inc((preset, replica, "completion"), answer.completion_tokens)
-        if answer.reasoning_tokens:
-            tokens.inc((preset, replica, "reasoning"), answer.reasoning_tokens)
+        _count_tokens(self.tokens, preset, replica, answer)
         if ex.first_token is not None:
             self.ttft.observe(per_replica, ex.first_token - ex.started)
             count = answer.completion_tokens or 0
@@ -284,16 +277,20 @@ class Metrics:
             return
         key, preset = ex.key, ex.preset
         self.key_requests.inc((key, preset, ex.priority, status))
-        answer = ex.answer
-        tokens = self.key_tokens
-        if answer.prompt_tokens:
-            tokens.inc((key, preset, "prompt"), answer.prompt_tokens)
-        if answer.cached_tokens:
-            tokens.inc((key, preset, "cached"), answer.cached_tokens)
-        if answer.completion_tokens:
-            tokens.inc((key, preset, "completion"), answer.completion_tokens)
-        if answer.reasoning_tokens:
-            tokens.inc((key, preset, "reasoning"), answer.reasoning_tokens)
+        _count_tokens(self.key_tokens, key, preset, ex.answer)
+
+
+def _count_tokens(counter: Tally, first: str, second: str, answer: Answer) -> None:
+    """An answer's tokens by kind, under the two labels before the kind (preset and replica, or key
+    and preset); a kind the answer does not report is not counted."""
+    if answer.prompt_tokens:
+        counter.inc((first, second, "prompt"), answer.prompt_tokens)
+    if answer.cached_tokens:
+        counter.inc((first, second, "cached"), answer.cached_tokens)
+    if answer.completion_tokens:
+        counter.inc((first, second, "completion"), answer.completion_tokens)
+    if answer.reasoning_tokens:
+        counter.inc((first, second, "reasoning"), answer.reasoning_tokens)
 
 
 STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")

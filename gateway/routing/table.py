@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 import orjson
@@ -43,17 +43,9 @@ Fix = Literal[
     "tool_call_repair",  # opt-in: the engine's parser is missing or misses the model's call format
     "tool_pairing",  # opt-in: a template that refuses any unpaired call or result
 ]
-ALL_FIXES: tuple[Fix, ...] = (
-    "billing_header",
-    "system_in_turns",
-    "anthropic_only_fields",
-    "codex_lite",
-    "codex_tools",
-    "reasoning_replay",
-    "unknown_tool_types",
-    "tool_schemas",
-    "tool_images",
-)
+OPT_IN_FIXES: frozenset[Fix] = frozenset({"tool_call_repair", "tool_pairing"})
+# The default `compat`: every fix but the opt-in ones.
+ALL_FIXES: tuple[Fix, ...] = tuple(fix for fix in get_args(Fix) if fix not in OPT_IN_FIXES)
 # `openai/coder` names the preset `coder` for clients that prefix a provider (LiteLLM, aider).
 PROVIDER_PREFIXES = ("openai/", "anthropic/", "hosted_vllm/", "vllm/", "llamacpp/", "local/", "fleet/")
 # Claude Code asks for `claude-opus-4-8[1m]` when it wants a 1M context: the suffix names a mode
