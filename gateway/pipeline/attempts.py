@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from gateway.answers.context_stop import ContextStop
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.fleet.health import Outcome
@@ -100,6 +101,7 @@ class Attempt:
     patience: float | None = None  # the client's own limit on a load wait (x-gateway-max-wait)
     prompt_tokens: int | None = None  # counted or estimated: the budget is capped to what it leaves
     budget_explicit: bool = True  # the client chose its budget (else the preset's default was set)
+    context_stop: ContextStop | None = None  # armed when this attempt's budget is lowered to the context
     # Engines that get a whole-answer request as a stream (registry.WHOLE_AS_STREAM), the answer
     # then assembled by the gateway; empty when the client streams or the endpoint cannot.
     as_stream: frozenset[str] = frozenset()
@@ -426,6 +428,8 @@ class Dispatcher:
                 data = orjson.dumps(capped)
             attempt.encoded[key] = (data, note)
         data, note = attempt.encoded[key]
+        if attempt.context_stop is not None:
+            attempt.context_stop.arm(note is not None)
         if note is not None and note not in attempt.ex.rewrites:
             attempt.ex.rewrites.append(note)
         return data

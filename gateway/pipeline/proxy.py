@@ -235,6 +235,7 @@ class Proxy:
             patience=call.patience,
             prompt_tokens=tokens,
             budget_explicit=plan.budget_explicit,
+            context_stop=plan.context_stop,
             # The agent session `policy: session` places by (pipeline/session.py): digests only.
             session=session_of(plan.body, call.headers) if POLICIES[preset.policy].sessions else None,
         )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.answers.changes import Changes
+from gateway.answers.context_stop import ContextStop
 from gateway.dialects import tool_schemas
 from gateway.dialects.base import Note
 from gateway.dialects.openai import OPENAI
@@ -43,6 +44,8 @@ class Plan:
     notes: list[Note] = field(default_factory=list)
     loosened: bool = False  # the tool schemas were sent once more without constraints (tool_schemas)
     changes: Changes = field(default_factory=Changes)  # to the answer, by what was changed here
+    # Messages: a stop on a budget lowered to the context's room is said as a full context.
+    context_stop: ContextStop | None = None
 
 
 def _endpoint(endpoint: Endpoint | str) -> Endpoint:
@@ -92,6 +95,9 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
     if spec.budget:
         _budget(body, preset, plan, spec)
         _params(body, preset, plan)
+        if spec.name == "messages":
+            plan.context_stop = ContextStop()
+            plan.changes.add(plan.context_stop)
     if not stream and options is not None:
         # OpenAI ignores stream_options without a stream; vLLM answers 400 to it.
         del body["stream_options"]

@@ -33,7 +33,7 @@ def events(body: bytes) -> list[tuple[str | None, Any]]:
     return [(e.name, e.data if e.data is not None else (e.raw or b"").strip()) for e in parse(body)]
 
 
-def messages_stream() -> Scripted:
+def messages_stream(stop_reason: str = "end_turn") -> Scripted:
     def event(name: str, data: dict[str, Any]) -> bytes:
         return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
@@ -51,7 +51,7 @@ def messages_stream() -> Scripted:
         event("content_block_stop", {"type": "content_block_stop", "index": 0}),
         event(
             "message_delta",
-            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+            {"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 1}},
         ),
         event("message_stop", {"type": "message_stop"}),
     ]
@@ -217,6 +217,52 @@ async def test_a_budget_the_client_chose_that_cannot_fit_is_said_in_anthropics_w
         f"input length and `max_tokens` exceed context limit: {ex.estimated_tokens} + 4000 > 1000, "
         "decrease input length or `max_tokens` and try again"
     )
+
+
+def messages_answer(stop_reason: str) -> dict[str, Any]:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "lone-served",
+        "content": [{"type": "text", "text": "partial"}],
+        "stop_reason": stop_reason,
+        "usage": {"input_tokens": 300, "output_tokens": 1700},
+    }
+
+
+@pytest.mark.anyio
+async def test_a_stop_on_a_budget_lowered_to_the_context_is_a_full_context_for_claude_code() -> None:
+    rig = Rig(by_host(lone=whole(messages_answer("max_tokens"))))
+    rig.fleet.pools["lone"].replicas[0].context = 2000
+    body = {**MESSAGES, "model": "lone", "max_tokens": 64000, "messages": long_prompt(200)}
+    sent, _ = await rig.call(body, path="/v1/messages")
+    assert sent.status == 200 and "max_tokens=64000->" in sent.headers["x-gateway-rewrites"]
+    assert sent.json()["stop_reason"] == "model_context_window_exceeded"
+
+
+@pytest.mark.anyio
+async def test_a_streamed_stop_on_a_budget_lowered_to_the_context_is_a_full_context() -> None:
+    rig = Rig(by_host(lone=messages_stream("max_tokens")))
+    rig.fleet.pools["lone"].replicas[0].context = 2000
+    body = {**MESSAGES, "model": "lone", "max_tokens": 64000, "stream": True, "messages": long_prompt(200)}
+    sent, _ = await rig.call(body, path="/v1/messages")
+    deltas = [data for name, data in events(sent.body) if name == "message_delta"]
+    assert [d["delta"]["stop_reason"] for d in deltas] == ["model_context_window_exceeded"]
+
+
+@pytest.mark.anyio
+async def test_a_stop_on_the_clients_own_budget_stays_max_tokens() -> None:
+    # The context leaves more than the client asked for: its budget, not the context, ran out.
+    rig = Rig(by_host(lone=whole(messages_answer("max_tokens")), dense=messages_stream("max_tokens")))
+    rig.fleet.pools["lone"].replicas[0].context = 200_000
+    body = {**MESSAGES, "model": "lone", "max_tokens": 4000, "messages": long_prompt(200)}
+    sent, _ = await rig.call(body, path="/v1/messages")
+    assert "max_tokens=" not in sent.headers.get("x-gateway-rewrites", "")
+    assert sent.json()["stop_reason"] == "max_tokens"
+    streamed, _ = await rig.call({**MESSAGES, "max_tokens": 4000, "stream": True}, path="/v1/messages")
+    deltas = [data for name, data in events(streamed.body) if name == "message_delta"]
+    assert [d["delta"]["stop_reason"] for d in deltas] == ["max_tokens"]
 
 
 # --- a busy fleet --------------------------------------------------------------------------------
