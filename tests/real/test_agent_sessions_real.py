@@ -259,6 +259,54 @@ def test_codex_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path)
     assert rep.counters.requests == 2  # the holder's and Codex's retry: the refusal cost no GPU time
 
 
+def test_claude_code_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path) -> None:
+    """The same full preset for Claude Code: a 429 `rate_limit_error` with `retry-after` and
+    `x-should-retry: true`, which it retries on its own schedule until the holder's answer has
+    finished; then its turn completes, and no refusal reached the replica."""
+    busy = "limits: {max_in_flight: 1, queue: 0}"
+    with (
+        replica(time_scale=1, decode_tps=1, reasoning_tokens=0, answer_tokens=60) as (sim, rep),
+        run_gateway(fleet_table(sim.url, busy)) as gw,
+        AgentHome(tmp_path) as home,
+    ):
+        holder: dict[str, Any] = {}
+        chat = {"model": ALIAS, "stream": True, "messages": [{"role": "user", "content": "hold the place"}]}
+
+        def hold() -> None:
+            holder["status"] = httpx2.post(
+                gw.url + "/v1/chat/completions", json=chat, timeout=120
+            ).status_code
+
+        holding = threading.Thread(target=hold, daemon=True)
+        holding.start()
+        assert eventually(lambda: rep.in_flight == 1, timeout=10)
+        ran: dict[str, AgentRun] = {}
+        claude = threading.Thread(
+            target=lambda: ran.setdefault(
+                "run",
+                # Claude Code's own retry count (10 by default), not the runner's 0.
+                run_claude(gw.url, "say ok", home, model=ALIAS, timeout=120, max_retries=None),
+            ),
+            daemon=True,
+        )
+        claude.start()
+        refused = eventually(
+            lambda: [e for e in entries(gw, "messages") if e.get("error_code") == "queue_full"], timeout=60
+        )
+        assert refused, gw.log_entries()
+        httpx2.post(sim.url + "/sim/config", json={"time_scale": 0}, timeout=10)
+        holding.join(timeout=30)
+        claude.join(timeout=150)
+        assert "run" in ran and holder.get("status") == 200
+        run = ran["run"]
+        assert run.returncode == 0 and run.json()["is_error"] is False, run.describe()
+        log = eventually(lambda: entries(gw, "messages")[-1:] and entries(gw, "messages"))
+    assert log[0]["status"] == 429 and log[0]["error_code"] == "queue_full"
+    assert all(e["status"] == 429 for e in log[:-1])  # retried while the place was held
+    assert log[-1]["status"] == 200 and log[-1]["outcome"] == "completed"
+    assert rep.counters.requests == 2  # the holder's and Claude Code's retry: refusals cost no GPU time
+
+
 # --- a prefill longer than the agent's timeouts ---------------------------------------------------
 
 # Open the stream after 1.5 s (the default), then an event every 2 s.
