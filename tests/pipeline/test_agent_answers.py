@@ -114,6 +114,54 @@ async def test_a_waiting_responses_stream_opens_with_created_and_keeps_alive_wit
 
 
 @pytest.mark.anyio
+async def test_a_replica_that_breaks_off_after_the_gateway_opened_a_messages_stream_ends_it_with_an_error_event() -> (
+    None
+):
+    hold = asyncio.Event()
+    answer = messages_stream()
+    answer.hold, answer.fail_at = hold, 0  # the replica waits, then goes away before its first event
+    rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
+    task = asyncio.ensure_future(rig.call({**MESSAGES, "stream": True}, path="/v1/messages"))
+    while b"event: ping" not in b"".join(m.get("body", b"") for m in rig.sent_so_far()):
+        await asyncio.sleep(0.01)
+    hold.set()
+    sent, ex = await task
+    seen = events(sent.body)
+    names = [name for name, _ in seen if name is not None]
+    assert sent.status == 200 and names[0] == "message_start"
+    assert names[-1] == "error" and "message_stop" not in names
+    error = seen[-1][1]
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    assert ex.outcome == "upstream_error"
+
+
+@pytest.mark.anyio
+async def test_a_replica_that_breaks_off_after_the_gateway_opened_a_responses_stream_ends_it_with_an_error_event() -> (
+    None
+):
+    hold = asyncio.Event()
+    answer = Scripted(
+        chunks=[b"event: response.created\ndata: {}\n\n"],
+        headers={"content-type": "text/event-stream"},
+        hold=hold,
+        fail_at=0,
+    )
+    rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
+    task = asyncio.ensure_future(rig.call({**RESPONSES, "stream": True}, path="/v1/responses"))
+    while b"response.in_progress" not in b"".join(m.get("body", b"") for m in rig.sent_so_far()):
+        await asyncio.sleep(0.01)
+    hold.set()
+    sent, ex = await task
+    datas = [data for _, data in events(sent.body) if isinstance(data, dict)]
+    kinds = [data.get("type") for data in datas]
+    assert sent.status == 200 and kinds[0] == "response.created"
+    # Not a busy fleet or an overflow (those end in `response.failed`): the stream's error event.
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    assert datas[-1]["code"] == "upstream_disconnected"
+    assert ex.outcome == "upstream_error"
+
+
+@pytest.mark.anyio
 async def test_a_chat_stream_that_answers_at_once_is_not_touched_by_the_keep_alive() -> None:
     chunk = {"choices": [{"index": 0, "delta": {"content": "tok"}, "finish_reason": None}]}
     rig = Rig(by_host(dense=sse(chunk)), keepalive_after=5, keepalive_every=5)
