@@ -3,7 +3,7 @@ import pytest
 
 from gateway.dialects.answer import Answer
 from gateway.dialects.anthropic import ANTHROPIC, billing_header, error_type, system_in_turns
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, RateLimited
 from gateway.relay.sse import SseRelay
 
 
@@ -171,3 +171,24 @@ def test_the_billing_block_goes_and_the_rest_of_the_system_prompt_stays(suffix: 
     assert body["system"] == rest and body["system"][0] is rest[0]
     assert notes == [("billing_header", "billing_header=removed")]
     assert billing_header(body) == []
+
+
+def test_a_wait_claude_code_would_retry_within_is_a_429_it_should_retry_with_the_hint() -> None:
+    limited = RateLimited(
+        "Over the key's requests per minute", code="requests_per_minute", headers={"retry-after": "7"}
+    )
+    reply = ANTHROPIC.error_reply(limited, streaming=True, opened=False, request_id="r1", model="coder")
+    headers = dict(reply.headers)
+    assert reply.status == 429 and headers["retry-after"] == "7" and headers["x-should-retry"] == "true"
+    assert orjson.loads(reply.body)["error"]["type"] == "rate_limit_error"
+
+
+def test_a_wait_past_a_minute_tells_claude_code_not_to_retry_and_keeps_the_true_wait() -> None:
+    # Claude Code gives up at once on a retry-after over 60 s; a day's token limit cannot clear sooner.
+    limited = RateLimited(
+        "Over the key's tokens per day", code="tokens_per_day", headers={"retry-after": "3600"}
+    )
+    reply = ANTHROPIC.error_reply(limited, streaming=False, opened=False, request_id="r1", model="coder")
+    headers = dict(reply.headers)
+    assert reply.status == 429 and headers["x-should-retry"] == "false"
+    assert headers["retry-after"] == "3600"
