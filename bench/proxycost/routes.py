@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 # The `defaults:` and `health:` blocks of the shipped routes.yaml, so that every gateway, whatever
-# its own built-in defaults, runs with every feature that file turns on (tests/bench/test_routes.py
+# its own built-in defaults, runs with every feature that file turns on (tests/bench/test_bench.py
 # checks that they stay the same), but for the admission limit (1,000 open streams need more than
 # 64 in flight per replica) and `compat`, whose fix names older revisions do not all know; the fixes
 # act on tools and on Messages and Responses fields, none of which the benchmark's chat requests carry.

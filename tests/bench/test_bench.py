@@ -295,13 +295,15 @@ def test_against_head_runs_the_committed_gateway_from_its_own_environment(
 
 def test_the_routes_table_turns_on_what_the_shipped_routes_yaml_does() -> None:
     """Every gateway of a run, old or new, gets the shipped routes.yaml's defaults and health
-    settings (but the admission limit that 1,000 open streams need), whatever its built-in ones."""
+    settings (but the admission limit that 1,000 open streams need), whatever its built-in ones.
+    `compat` is left out: older revisions compared by `--against` do not know every fix's name, and
+    the fixes act on tools and on Messages and Responses fields, which the benchmark's chat requests lack."""
     from bench.proxycost.routes import MAX_IN_FLIGHT, routes_yaml
 
     shipped = yaml.safe_load((ROOT / "routes.yaml").read_text())
     table = yaml.safe_load(routes_yaml(1, 2))
     expected = {
-        **shipped["defaults"],
+        **{k: v for k, v in shipped["defaults"].items() if k != "compat"},
         "limits": {**shipped["defaults"]["limits"], "max_in_flight": MAX_IN_FLIGHT},
     }
     assert table["defaults"] == expected
