@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import pytest
 
@@ -188,9 +189,19 @@ def test_embeddings_are_refused_for_a_preset_without_them(codex: openai.OpenAI) 
     assert refused.value.code == "endpoint_not_served"
 
 
-def test_cached_tokens_are_read_from_a_messages_stream(gateway: Running, claude: anthropic.Anthropic) -> None:
+def idle(server: LlamaServer) -> bool:
+    slots = httpx2.get(server.url + "/slots", timeout=5).json()
+    return not any(slot.get("is_processing") for slot in slots)
+
+
+def test_cached_tokens_are_read_from_a_messages_stream(
+    gateway: Running, claude: anthropic.Anthropic, llama_pair: tuple[LlamaServer, LlamaServer]
+) -> None:
     system = "You are a careful assistant. " * 120
     for _ in range(2):
+        # llama-server frees a slot a moment after its stream's last event: a request sent at once can
+        # find that slot still busy and take the other one, which holds nothing of this prompt.
+        assert eventually(lambda: idle(llama_pair[0]), timeout=30)
         with claude.messages.stream(
             model="claude-haiku-4-5",
             max_tokens=4,
