@@ -58,6 +58,18 @@ def messages_stream(stop_reason: str = "end_turn") -> Scripted:
     return Scripted(chunks=chunks, headers={"content-type": "text/event-stream"})
 
 
+async def answered_after_keepalive(
+    rig: Rig, hold: asyncio.Event, body: dict[str, Any], path: str, marker: bytes, count: int = 1
+) -> tuple[Any, Any]:
+    """Send a streaming request, let the replica answer only once the client has `count` of the
+    gateway's keep-alive `marker` bytes, and return what the client got and the record."""
+    task = asyncio.ensure_future(rig.call({**body, "stream": True}, path=path))
+    while b"".join(m.get("body", b"") for m in rig.sent_so_far()).count(marker) < count:
+        await asyncio.sleep(0.01)
+    hold.set()
+    return await task
+
+
 # --- keep-alive ----------------------------------------------------------------------------------
 
 
@@ -67,11 +79,7 @@ async def test_a_waiting_messages_stream_opens_with_message_start_and_pings_then
     answer = messages_stream()
     answer.hold = hold
     rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
-    task = asyncio.ensure_future(rig.call({**MESSAGES, "stream": True}, path="/v1/messages"))
-    while b"event: ping" not in b"".join(m.get("body", b"") for m in rig.sent_so_far()):
-        await asyncio.sleep(0.01)
-    hold.set()
-    sent, ex = await task
+    sent, ex = await answered_after_keepalive(rig, hold, MESSAGES, "/v1/messages", b"event: ping")
     seen = events(sent.body)
     names = [name for name, _ in seen if name is not None]
     assert names[0] == "message_start" and names.count("message_start") == 1
@@ -102,11 +110,9 @@ async def test_a_waiting_responses_stream_opens_with_created_and_keeps_alive_wit
         hold=hold,
     )
     rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
-    task = asyncio.ensure_future(rig.call({**RESPONSES, "stream": True}, path="/v1/responses"))
-    while b"".join(m.get("body", b"") for m in rig.sent_so_far()).count(b"response.in_progress") < 3:
-        await asyncio.sleep(0.01)
-    hold.set()
-    sent, _ = await task
+    sent, _ = await answered_after_keepalive(
+        rig, hold, RESPONSES, "/v1/responses", b"response.in_progress", 3
+    )
     kinds = [data.get("type") for _, data in events(sent.body) if isinstance(data, dict)]
     assert kinds[0] == "response.created" and kinds.count("response.created") == 1
     assert kinds.count("response.in_progress") >= 3  # events, which Codex's idle timer counts
@@ -121,11 +127,7 @@ async def test_a_replica_that_breaks_off_after_the_gateway_opened_a_messages_str
     answer = messages_stream()
     answer.hold, answer.fail_at = hold, 0  # the replica waits, then goes away before its first event
     rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
-    task = asyncio.ensure_future(rig.call({**MESSAGES, "stream": True}, path="/v1/messages"))
-    while b"event: ping" not in b"".join(m.get("body", b"") for m in rig.sent_so_far()):
-        await asyncio.sleep(0.01)
-    hold.set()
-    sent, ex = await task
+    sent, ex = await answered_after_keepalive(rig, hold, MESSAGES, "/v1/messages", b"event: ping")
     seen = events(sent.body)
     names = [name for name, _ in seen if name is not None]
     assert sent.status == 200 and names[0] == "message_start"
@@ -147,11 +149,7 @@ async def test_a_replica_that_breaks_off_after_the_gateway_opened_a_responses_st
         fail_at=0,
     )
     rig = Rig(by_host(dense=answer), keepalive_after=0.01, keepalive_every=0.01)
-    task = asyncio.ensure_future(rig.call({**RESPONSES, "stream": True}, path="/v1/responses"))
-    while b"response.in_progress" not in b"".join(m.get("body", b"") for m in rig.sent_so_far()):
-        await asyncio.sleep(0.01)
-    hold.set()
-    sent, ex = await task
+    sent, ex = await answered_after_keepalive(rig, hold, RESPONSES, "/v1/responses", b"response.in_progress")
     datas = [data for _, data in events(sent.body) if isinstance(data, dict)]
     kinds = [data.get("type") for data in datas]
     assert sent.status == 200 and kinds[0] == "response.created"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,10 +193,12 @@ def test_codex_with_its_default_model_runs_a_command_through_exec_and_gets_the_o
 # --- a full queue ---------------------------------------------------------------------------------
 
 
-def test_codex_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path) -> None:
-    """The preset's only place is held by another client's slow stream and its queue takes none:
-    Codex hears `response.failed` `rate_limit_exceeded` "Please try again in 1s.", waits, and its
-    retry succeeds once the holder's answer has finished."""
+def wait_out_a_full_preset(
+    tmp_path: Path, endpoint: str, agent: Callable[[str, AgentHome], AgentRun]
+) -> tuple[AgentRun, list[dict[str, Any]], Replica]:
+    """The preset's only place is held by another client's slow stream and its queue takes none; the
+    agent runs one turn (`agent(gateway_url, home)`), and once the gateway has refused it on
+    `endpoint` the holder's answer is let finish. The agent's run, the access log, the replica."""
     busy = "limits: {max_in_flight: 1, queue: 0}"
     # A token a second for a minute: the holder keeps its place until the test lets the replica run at
     # full speed (then the token in progress ends within a second, and the rest come at once).
@@ -217,35 +219,42 @@ def test_codex_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path)
         holding.start()
         assert eventually(lambda: rep.in_flight == 1, timeout=10)
         ran: dict[str, AgentRun] = {}
-        codex = threading.Thread(
-            target=lambda: ran.setdefault(
-                "run",
-                # Codex's own retry settings: rate limits are retried under stream_max_retries.
-                run_codex(
-                    gw.url + "/v1",
-                    "say ok",
-                    home,
-                    model=ALIAS,
-                    json_events=True,
-                    timeout=120,
-                    config={"max_retries": None},
-                ),
-            ),
-            daemon=True,
-        )
-        codex.start()
+        running = threading.Thread(target=lambda: ran.setdefault("run", agent(gw.url, home)), daemon=True)
+        running.start()
         refused = eventually(
-            lambda: [e for e in entries(gw, "responses") if e.get("error_code") == "queue_full"], timeout=60
+            lambda: [e for e in entries(gw, endpoint) if e.get("error_code") == "queue_full"], timeout=60
         )
         assert refused, gw.log_entries()
         # Drain: the holder's remaining tokens come at once.
         httpx2.post(sim.url + "/sim/config", json={"time_scale": 0}, timeout=10)
         holding.join(timeout=30)
-        codex.join(timeout=150)
+        running.join(timeout=150)
         assert "run" in ran and holder.get("status") == 200
-        run = ran["run"]
-        assert run.returncode == 0, run.describe()
-        log = eventually(lambda: len(gw.log_entries()) >= 3 and gw.log_entries())
+        # The holder's answer and the agent's retry, both recorded.
+        log = eventually(
+            lambda: sum(e["outcome"] == "completed" for e in gw.log_entries()) >= 2 and gw.log_entries()
+        )
+    return ran["run"], log, rep
+
+
+def test_codex_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path) -> None:
+    """Codex hears `response.failed` `rate_limit_exceeded` "Please try again in 1s.", waits, and its
+    retry succeeds once the holder's answer has finished."""
+    run, log, rep = wait_out_a_full_preset(
+        tmp_path,
+        "responses",
+        # Codex's own retry settings: rate limits are retried under stream_max_retries.
+        lambda url, home: run_codex(
+            url + "/v1",
+            "say ok",
+            home,
+            model=ALIAS,
+            json_events=True,
+            timeout=120,
+            config={"max_retries": None},
+        ),
+    )
+    assert run.returncode == 0, run.describe()
     order = [(e["endpoint"], e["outcome"], e.get("error_code")) for e in log]
     assert order[0] == ("responses", "rejected", "queue_full")
     assert order[-2:] == [("chat", "completed", None), ("responses", "completed", None)]
@@ -260,50 +269,20 @@ def test_codex_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path)
 
 
 def test_claude_code_waits_out_a_full_queue_and_retries_once_it_drains(tmp_path: Path) -> None:
-    """The same full preset for Claude Code: a 429 `rate_limit_error` with `retry-after` and
-    `x-should-retry: true`, which it retries on its own schedule until the holder's answer has
-    finished; then its turn completes, and no refusal reached the replica."""
-    busy = "limits: {max_in_flight: 1, queue: 0}"
-    with (
-        replica(time_scale=1, decode_tps=1, reasoning_tokens=0, answer_tokens=60) as (sim, rep),
-        run_gateway(fleet_table(sim.url, busy)) as gw,
-        AgentHome(tmp_path) as home,
-    ):
-        holder: dict[str, Any] = {}
-        chat = {"model": ALIAS, "stream": True, "messages": [{"role": "user", "content": "hold the place"}]}
-
-        def hold() -> None:
-            holder["status"] = httpx2.post(
-                gw.url + "/v1/chat/completions", json=chat, timeout=120
-            ).status_code
-
-        holding = threading.Thread(target=hold, daemon=True)
-        holding.start()
-        assert eventually(lambda: rep.in_flight == 1, timeout=10)
-        ran: dict[str, AgentRun] = {}
-        claude = threading.Thread(
-            target=lambda: ran.setdefault(
-                "run",
-                # Claude Code's own retry count (10 by default), not the runner's 0.
-                run_claude(gw.url, "say ok", home, model=ALIAS, timeout=120, max_retries=None),
-            ),
-            daemon=True,
-        )
-        claude.start()
-        refused = eventually(
-            lambda: [e for e in entries(gw, "messages") if e.get("error_code") == "queue_full"], timeout=60
-        )
-        assert refused, gw.log_entries()
-        httpx2.post(sim.url + "/sim/config", json={"time_scale": 0}, timeout=10)
-        holding.join(timeout=30)
-        claude.join(timeout=150)
-        assert "run" in ran and holder.get("status") == 200
-        run = ran["run"]
-        assert run.returncode == 0 and run.json()["is_error"] is False, run.describe()
-        log = eventually(lambda: entries(gw, "messages")[-1:] and entries(gw, "messages"))
-    assert log[0]["status"] == 429 and log[0]["error_code"] == "queue_full"
-    assert all(e["status"] == 429 for e in log[:-1])  # retried while the place was held
-    assert log[-1]["status"] == 200 and log[-1]["outcome"] == "completed"
+    """Claude Code hears a 429 `rate_limit_error` with `retry-after` and `x-should-retry: true`, which
+    it retries on its own schedule until the holder's answer has finished; then its turn completes,
+    and no refusal reached the replica."""
+    run, log, rep = wait_out_a_full_preset(
+        tmp_path,
+        "messages",
+        # Claude Code's own retry count (10 by default), not the runner's 0.
+        lambda url, home: run_claude(url, "say ok", home, model=ALIAS, timeout=120, max_retries=None),
+    )
+    assert run.returncode == 0 and run.json()["is_error"] is False, run.describe()
+    messages = [e for e in log if e["endpoint"] == "messages"]
+    assert messages[0]["status"] == 429 and messages[0]["error_code"] == "queue_full"
+    assert all(e["status"] == 429 for e in messages[:-1])  # retried while the place was held
+    assert messages[-1]["status"] == 200 and messages[-1]["outcome"] == "completed"
     assert rep.counters.requests == 2  # the holder's and Claude Code's retry: refusals cost no GPU time
 
 
