@@ -57,6 +57,9 @@ class Endpoint:
     aliases: tuple[str, ...] = ()  # other paths the engines accept for the same thing
     check: Callable[[dict[str, Any]], None] | None = None  # instead of the dialect's own check
     stores: bool = False  # its answers may be stored on the replica (Responses): remember where
+    # Engines that get it as a chat completion when its session is placed (`policy: session`): the
+    # chat endpoint honours `id_slot` where the engine's own drops it (dialects/messages_chat.py).
+    as_chat: frozenset[str] = frozenset()
 
     def validate(self, body: dict[str, Any]) -> None:
         if self.check is not None:
@@ -73,7 +76,14 @@ ANTHROPIC_HEADERS = ("anthropic-version", "anthropic-beta")
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("chat", "/v1/chat/completions", OPENAI, _same("/v1/chat/completions")),
     Endpoint("completions", "/v1/completions", OPENAI, _same("/v1/completions"), thinks=False),
-    Endpoint("messages", "/v1/messages", ANTHROPIC, _same("/v1/messages"), forward=ANTHROPIC_HEADERS),
+    Endpoint(
+        "messages",
+        "/v1/messages",
+        ANTHROPIC,
+        _same("/v1/messages"),
+        forward=ANTHROPIC_HEADERS,
+        as_chat=frozenset({"llamacpp"}),
+    ),
     Endpoint(
         "count_tokens",
         "/v1/messages/count_tokens",

@@ -3,7 +3,8 @@
 llama-server keeps one prompt per slot (docs/engines.md §13): a session's next turn is cheap only
 in the slot that holds its previous prompt. The gateway pins a session's requests to that slot with
 `id_slot` where the endpoint honours it (chat, completions and Responses; not Messages, whose
-conversion drops the field), and otherwise lets the engine choose: run with
+conversion drops the field: a streamed Messages request goes as chat instead, messages_chat.py),
+and otherwise lets the engine choose: run with
 `--slot-prompt-similarity 0` it takes the least recently used slot, saves what that slot held to its
 host-memory cache (`--cache-ram`) and restores the best cached prompt for the request, so a session
 that lost its slot comes back from RAM in milliseconds instead of a full prefill (measured).
@@ -31,7 +32,8 @@ from gateway.routing.balancer import CacheView
 
 # Endpoints on which llama-server honours `id_slot` (measured on the installed build): chat and
 # completions read it, Responses keeps it through its conversion to chat; Messages builds a new
-# body from the fields it knows and drops it (docs/engines.md §13).
+# body from the fields it knows and drops it (docs/engines.md §13), so the request path sends a
+# placed Messages stream to the chat endpoint (Endpoint.as_chat) and pins that.
 PINNED_ENDPOINTS = frozenset({"chat", "completions", "responses"})
 MAX_SESSIONS = 4096  # per replica: the oldest that hold no slot are forgotten first
 MAX_SLOTS = 512  # a /slots answer longer than this is read as this many slots

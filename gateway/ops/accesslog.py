@@ -20,6 +20,16 @@ def _ms(start: float, end: float | None) -> float | None:
     return None if end is None else round((end - start) * 1000, 3)
 
 
+def _upstream(ex: Exchange) -> str | None:
+    """How the replica was asked: `stream` or `whole`, and `chat-stream` for a Messages request
+    sent as chat to pin its slot."""
+    if not ex.attempts:
+        return None
+    if ex.upstream_as_chat:
+        return "chat-stream"
+    return "stream" if ex.upstream_stream else "whole"
+
+
 def entry(ex: Exchange) -> dict[str, Any]:
     answer = ex.answer
     line = {
@@ -33,7 +43,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "replica": ex.replica or None,
         "engine": ex.engine or None,
         "stream": ex.stream,
-        "upstream": None if not ex.attempts else "stream" if ex.upstream_stream else "whole",
+        "upstream": _upstream(ex),
         "status": ex.status if ex.status or ex.outcome != "client_disconnected" else 499,
         "outcome": ex.outcome,
         "error_code": ex.error_code,

@@ -34,6 +34,7 @@ class Exchange:
     engine: str = ""
     stream: bool = False
     upstream_stream: bool = False  # the replica was asked for a stream (also for some whole answers)
+    upstream_as_chat: bool = False  # a Messages request sent as chat, to pin its slot (messages_chat.py)
     status: int = 0  # what went out to the client; 0 while nothing did
     outcome: Outcome = "completed"
     error_code: str | None = None

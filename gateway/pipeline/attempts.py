@@ -20,6 +20,7 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.answers.context_stop import ContextStop
+from gateway.dialects.messages_chat import CHAT_PATH, ChatStreamAsMessages, messages_to_chat
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
 from gateway.fleet.health import Outcome
@@ -41,6 +42,7 @@ from gateway.upstream import (
     UpstreamError,
     UpstreamResponse,
 )
+from gateway.upstream.transcoded import Transcoded
 
 RETRYABLE_STATUS = (502, 503, 504)
 SESSION_WAITS = frozenset({"session_home", "session_new", "session_moved"})
@@ -83,8 +85,9 @@ class Attempt:
     key: str | None = None
     tried: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # replicas that refused the connection
-    # The serialised body per (context cap, sent as a stream, slot): replicas differ in all three.
-    encoded: dict[tuple[int | None, bool, int | None], tuple[bytes, tuple[str, str] | None]] = field(
+    # The serialised body per (context cap, sent as a stream, slot, sent as chat): replicas differ
+    # in all four.
+    encoded: dict[tuple[int | None, bool, int | None, bool], tuple[bytes, tuple[str, str] | None]] = field(
         default_factory=dict
     )
     ticket: int = 0
@@ -293,9 +296,10 @@ class Dispatcher:
         ex.replica, ex.engine = replica.name, replica.engine
         streamed = ex.stream or replica.engine in attempt.as_stream
         ex.upstream_stream = streamed
-        slot = self._place(attempt, session, replica)
+        as_chat = streamed and session is not None and replica.engine in attempt.endpoint.as_chat
+        slot = self._place(attempt, session, replica, as_chat)
         try:
-            data = await self._encode(attempt, replica.context, streamed and not ex.stream, slot)
+            data = await self._encode(attempt, replica.context, streamed and not ex.stream, slot, as_chat)
         except GatewayError:
             attempt.release(replica)  # the request does not fit this replica (its context)
             raise
@@ -307,8 +311,9 @@ class Dispatcher:
         ex.attempts += 1
         ex.upstream_sent = ex.upstream_sent or self.clock()
         try:
+            path = CHAT_PATH if as_chat else attempt.path or attempt.endpoint.upstream[replica.engine]
             response = await self.client.send(
-                replica.url + (attempt.path or attempt.endpoint.upstream[replica.engine]),
+                replica.url + path,
                 upstream_headers(ex, replica, attempt.forward, with_body=bool(data)),
                 data,
                 _timeouts(pool, streamed),
@@ -342,6 +347,9 @@ class Dispatcher:
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
         replica.health.on_outcome(outcome, self.clock())
         ex.path.append(f"{replica.name}:{status}")
+        if as_chat:
+            ex.upstream_as_chat = True
+            return Transcoded(response, ChatStreamAsMessages()), replica
         return response, replica
 
     async def _fresh_slots(self, pool: Pool) -> None:
@@ -351,12 +359,14 @@ class Dispatcher:
         if stale:
             await asyncio.gather(*(read_slots(self.client, r) for r in stale))
 
-    def _place(self, attempt: Attempt, session: Session | None, replica: Replica) -> int | None:
+    def _place(
+        self, attempt: Attempt, session: Session | None, replica: Replica, as_chat: bool = False
+    ) -> int | None:
         """The slot this attempt pins on `replica` (None: the engine chooses), noted in its picture."""
         if session is None:
             return None
         if replica.engine == "llamacpp":
-            pinnable = attempt.endpoint.name in PINNED_ENDPOINTS
+            pinnable = as_chat or attempt.endpoint.name in PINNED_ENDPOINTS
             plan = replica.cache.plan(session.key, pinnable=pinnable, transient=session.transient)
         else:
             plan = SlotPlan(None, "shared")  # vLLM: one block cache, no slots
@@ -407,17 +417,25 @@ class Dispatcher:
             ex.warnings.append(("ejected", f"replica {replica.name} taken out of rotation"))
 
     async def _encode(
-        self, attempt: Attempt, context: int | None, as_stream: bool, slot: int | None = None
+        self,
+        attempt: Attempt,
+        context: int | None,
+        as_stream: bool,
+        slot: int | None = None,
+        as_chat: bool = False,
     ) -> bytes:
-        """Serialise once per distinct context cap, form and slot; large bodies on a thread."""
+        """Serialise once per distinct context cap, form, slot and upstream dialect; large bodies
+        on a thread."""
         if attempt.method != "POST" or attempt.path is not None:
             return b""
-        key = (context, as_stream, slot)
+        key = (context, as_stream, slot, as_chat)
         if key not in attempt.encoded:
             capped, note = cap_to_context(
                 attempt.body, context, attempt.endpoint, attempt.prompt_tokens, attempt.budget_explicit
             )
-            if as_stream:
+            if as_chat:
+                capped = messages_to_chat(capped)  # asks for its stream itself
+            elif as_stream:
                 capped = {**capped, **stream_fields(attempt.endpoint)}
             if slot is not None:
                 # llama-server runs the request in this slot, which holds the session's prompt.

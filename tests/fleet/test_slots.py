@@ -33,7 +33,8 @@ def entry(
     return out
 
 
-def test_messages_is_the_one_agent_endpoint_that_cannot_be_pinned() -> None:
+def test_messages_is_the_one_agent_endpoint_whose_own_path_cannot_be_pinned() -> None:
+    # (a placed Messages session goes as chat instead: dialects/messages_chat.py)
     assert {"chat", "responses"} <= PINNED_ENDPOINTS and "messages" not in PINNED_ENDPOINTS
 
 

@@ -221,7 +221,31 @@ async def test_a_responses_session_is_pinned_to_a_free_slot_and_comes_back_to_it
 
 
 @pytest.mark.anyio
-async def test_a_messages_session_is_never_pinned_and_slots_are_read_before_the_next_placement() -> None:
+async def test_a_streamed_messages_session_goes_as_chat_pinned_to_its_slot() -> None:
+    pool, engine = session_pool(), Engine()
+    alice, bob = Session("a" * 16, "a" * 16, "claude"), Session("b" * 16, "b" * 16, "claude")
+    for session in (alice, bob, alice):
+        attempt = request(pool, "messages", session)
+        attempt.body = {"model": "m", "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
+        attempt.as_stream = frozenset({"llamacpp"})  # a whole answer asked for as a stream
+        await send(engine, attempt)
+        assert attempt.ex.upstream_as_chat
+    # llama-server's /v1/messages drops id_slot; its chat endpoint honours it (messages_chat.py).
+    assert [url for url, _ in engine.sent] == ["http://127.0.0.1:9100/v1/chat/completions"] * 3
+    assert [body["id_slot"] for _, body in engine.sent] == [0, 1, 0]
+    assert engine.sent[0][1]["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert engine.sent[0][1]["stream"] is True and engine.slot_reads == 0
+
+
+@pytest.mark.anyio
+async def test_a_messages_session_asked_whole_is_not_pinned_and_slots_are_read_before_the_next_placement() -> (
+    None
+):
+    # A whole answer the gateway reads before answering (its server-tool rounds) goes to the
+    # engine's own Messages endpoint, which drops id_slot: the engine places it.
     pool, engine = session_pool(), Engine()
     alice = Session("a" * 16, "a" * 16, "claude")
     await send(engine, request(pool, "messages", alice), prompt=100)

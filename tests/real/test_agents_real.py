@@ -73,9 +73,14 @@ def scripted() -> Iterator[ThreadServer]:
     server.stop()
 
 
-def test_claude_code_completes_a_turn_on_a_real_llama_server(engine: LlamaServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["round_robin", "session"])
+def test_claude_code_completes_a_turn_on_a_real_llama_server(
+    engine: LlamaServer, tmp_path: Path, policy: str
+) -> None:
+    # Under `policy: session` its requests go to llama-server's chat endpoint, pinned to a slot,
+    # and come back as Messages (gateway/dialects/messages_chat.py).
     with (
-        run_gateway(fleet_table(engine.url, "llamacpp", params=STOP_EARLY)) as gw,
+        run_gateway(fleet_table(engine.url, "llamacpp", f", policy: {policy}", params=STOP_EARLY)) as gw,
         AgentHome(tmp_path) as home,
     ):
         run = run_claude(gw.url, "say ok", home, timeout=240)
@@ -89,6 +94,8 @@ def test_claude_code_completes_a_turn_on_a_real_llama_server(engine: LlamaServer
         assert first["prompt_tokens"] > 5000  # the agent's whole system prompt and tools arrived
         rewrites = first["rewrites"]
         assert "billing_header=removed" in rewrites
+        upstream = "chat-stream" if policy == "session" else "stream"
+        assert {e["upstream"] for e in entries} == {upstream}, entries
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["billing_header_removed", "as_sent"])

@@ -50,7 +50,7 @@ def embedder(tiny_gguf: Path) -> Iterator[LlamaServer]:
         yield s
 
 
-def routes(llama: LlamaServer, vllm: VllmServer, embedder: LlamaServer) -> str:
+def routes(llama: LlamaServer, session: LlamaServer, vllm: VllmServer, embedder: LlamaServer) -> str:
     return f"""
 defaults: {{max_tokens: 16, min_max_tokens: 0, params: {{temperature: 0}}}}
 presets:
@@ -58,6 +58,11 @@ presets:
     served_model: tiny-gguf
     aliases: ["claude-*haiku*", "gpt-*"]
     replicas: [{{name: llama-a, url: "{llama.url}", engine: llamacpp}}]
+  session:
+    served_model: tiny-gguf
+    aliases: ["claude-*sonnet*"]
+    policy: session
+    replicas: [{{name: llama-s, url: "{session.url}", engine: llamacpp}}]
   hf:
     served_model: tiny
     aliases: ["claude-*opus*", "codex-*"]
@@ -74,7 +79,7 @@ routing: {{default: gguf}}
 def gateway(
     llama_pair: tuple[LlamaServer, LlamaServer], vllm_replica: VllmServer, embedder: LlamaServer
 ) -> Iterator[Running]:
-    with run_gateway(routes(llama_pair[0], vllm_replica, embedder)) as running:
+    with run_gateway(routes(*llama_pair, vllm_replica, embedder)) as running:
         yield running
 
 
@@ -92,6 +97,8 @@ def codex(gateway: Running) -> Iterator[openai.OpenAI]:
 
 ENGINES = [
     pytest.param("claude-haiku-4-5", "gguf", id="llama-server"),
+    # `policy: session`: sent to llama-server's chat endpoint, pinned to a slot, answered as Messages.
+    pytest.param("claude-sonnet-4-5", "session", id="llama-server-as-chat"),
     pytest.param("claude-opus-4-8", "hf", id="vllm"),
 ]
 RESPONSE_MODELS = [
@@ -211,3 +218,30 @@ def test_cached_tokens_are_read_from_a_messages_stream(
             stream.get_final_message()
     last = eventually(lambda: [e for e in entries(gateway, "messages", "gguf") if e["stream"]])[-1]
     assert last["cached_tokens"] and last["cached_tokens"] > 0.8 * last["prompt_tokens"], last
+
+
+def test_a_placed_claude_code_session_goes_as_chat_and_finds_its_prompt_in_its_slot(
+    gateway: Running, claude: anthropic.Anthropic
+) -> None:
+    system = "You are a careful assistant. " * 120
+    session = {"x-claude-code-session-id": "7d0c2d9e-4a61-4bb4-9d1e-2f4f0c3b6a11"}
+    usages = []
+    for _ in range(2):
+        with claude.messages.stream(
+            model="claude-sonnet-4-5",
+            max_tokens=4,
+            system=system,
+            tools=TOOLS,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "Hello there"}],
+            extra_headers=session,
+        ) as stream:
+            usages.append(stream.get_final_message().usage)
+    records = eventually(lambda: [e for e in entries(gateway, "messages", "session") if e["stream"]][-2:])
+    assert [r["upstream"] for r in records] == ["chat-stream", "chat-stream"]
+    # The second turn was pinned to the slot the first one filled: no wait for idle slots needed.
+    assert (
+        usages[1].cache_read_input_tokens
+        and usages[1].cache_read_input_tokens > 0.8 * records[1]["prompt_tokens"]
+    )
+    assert records[1]["cached_tokens"] == usages[1].cache_read_input_tokens
+    assert usages[0].input_tokens + (usages[0].cache_read_input_tokens or 0) == records[0]["prompt_tokens"]
