@@ -297,6 +297,7 @@ class Dispatcher:
         streamed = ex.stream or replica.engine in attempt.as_stream
         ex.upstream_stream = streamed
         as_chat = streamed and session is not None and replica.engine in attempt.endpoint.as_chat
+        ex.upstream_as_chat = as_chat
         slot = self._place(attempt, session, replica, as_chat)
         try:
             data = await self._encode(attempt, replica.context, streamed and not ex.stream, slot, as_chat)
@@ -348,7 +349,6 @@ class Dispatcher:
         replica.health.on_outcome(outcome, self.clock())
         ex.path.append(f"{replica.name}:{status}")
         if as_chat:
-            ex.upstream_as_chat = True
             return Transcoded(response, ChatStreamAsMessages()), replica
         return response, replica
 
