@@ -11,7 +11,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.support.harness import Running, run_gateway
+from tests.support.harness import Running, eventually, run_gateway
 
 from .backends import LlamaServer, VllmServer
 
@@ -163,3 +163,50 @@ def _metric(url: str, name: str) -> float:
         if line.startswith(name):
             return float(line.split()[-1])
     raise AssertionError(f"{name} not in {url}/metrics")
+
+
+def test_a_session_on_vllm_comes_back_to_its_replica_whose_cache_figures_the_gateway_reads(
+    vllm_replica: VllmServer,
+) -> None:
+    """vLLM has no slots: `policy: session` keeps a session on the replica that served it, and
+    reads the replica's KV-cache use and prefix-cache hits from its /metrics on the probe cycle."""
+    table = f"""
+health: {{interval: 0.5}}
+defaults: {{max_tokens: 4, min_max_tokens: 0}}
+presets:
+  hf:
+    served_model: tiny
+    policy: session
+    replicas: [{{name: vllm-s, url: "{vllm_replica.url}", engine: vllm}}]
+routing: {{default: hf}}
+"""
+    messages = [{"role": "system", "content": "You are a careful assistant. " * 30}, *HELLO]
+
+    def replica_says() -> float:
+        text = httpx2.get(vllm_replica.url + "/metrics", timeout=5).text
+        lines = [line for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = replica_says()  # the replica serves other tests too: its counters started earlier
+    with run_gateway(table) as gw:
+        for _ in range(2):
+            answer = httpx2.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "tiny", "messages": messages},
+                headers={"x-session-id": "vllm-session-1"},
+                timeout=120,
+            )
+            assert answer.status_code == 200, answer.text
+        picks = [e["pick"] for e in gw.log_entries() if e.get("endpoint") == "chat"]
+        assert picks[-1] == "session_home", picks
+
+        def matching() -> dict[str, float] | None:
+            page = httpx2.get(gw.url + "/ui/state", timeout=5).json()
+            figures: dict[str, float] = page["presets"][0]["replicas"][0]["backend"]
+            return figures if figures.get("prefix_cache_hits_tokens") == replica_says() else None
+
+        figures = eventually(matching, timeout=30)
+    assert figures is not None, "the gateway's figures never matched the replica's /metrics"
+    assert figures["prefix_cache_hits_tokens"] > before  # the second turn found the first one's prefix
+    assert 0.0 <= figures["kv_cache_usage_ratio"] <= 1.0
+    assert figures["prefix_cache_queries_tokens"] >= figures["prefix_cache_hits_tokens"]

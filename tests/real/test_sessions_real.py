@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.sessions import (
     ENGINE_FLAGS,
@@ -56,9 +57,10 @@ def test_eight_claude_code_sessions_split_four_four_and_stay_in_their_slots(tiny
     assert result["of_ideal"] >= 0.98, result
 
 
-def test_sixteen_sessions_on_eight_slots_keep_their_cache_across_turns(tiny_gguf: Path) -> None:
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_sixteen_sessions_on_eight_slots_keep_their_cache_across_turns(tiny_gguf: Path, dialect: str) -> None:
     shape = Shape(turns=4, tools=1, trim=300, tool_output=250, gap=(0.05, 0.3))
-    result = run_scenario("session", "responses", 16, shape)
+    result = run_scenario("session", dialect, 16, shape)
     assert result["errors"] == 0, result["error_kinds"]
     assert result["sessions_by_first_replica"] == {"r0": 8, "r1": 8}
     assert result["later_of_ideal"] >= 0.9, result
@@ -73,12 +75,29 @@ def test_a_sessions_turns_land_on_its_slot(tiny_gguf: Path) -> None:
     ):
         turns, errors = asyncio.run(drive(gw, servers, [script], SMALL))
         slots = httpx2.get(servers[0].url + "/slots", timeout=10).json()
+        rows = httpx2.get(gw.url + "/ui/state", timeout=10).json()["presets"][0]["replicas"][0]["slots"]
+        exposed = samples(httpx2.get(gw.url + "/metrics", timeout=10).text)
     assert not errors
+    # What the operator sees: the status page's slot list and the session metrics.
+    assert rows[0]["session"] is not None and rows[0]["tokens"] >= turns[-1].prompt
+    assert [row["session"] for row in rows[1:]] == [None, None, None]
+    assert exposed[("gateway_session_slot_plans_total", (("reason", "free"), ("replica", "r0")))] == 1
+    assert exposed[("gateway_session_slot_plans_total", (("reason", "held"), ("replica", "r0")))] == 3
+    assert exposed[("gateway_session_slots", (("replica", "r0"), ("state", "held")))] == 1
+    assert exposed[("gateway_session_cache_hit_ratio_count", (("replica", "r0"),))] == 3
     assert [t.slot for t in turns] == [0, 0, 0, 0]
     assert [t.cached > 0 for t in turns] == [False, True, True, True]
     tasks = [s.get("id_task") for s in slots]
     assert tasks[0] is not None and tasks[1:] == [None, None, None]  # the other slots never ran
     assert summarise(turns, 1)["of_ideal"] >= 0.98
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def check_swap(result: dict[str, Any]) -> None:
