@@ -225,7 +225,8 @@ def test_a_placed_claude_code_session_goes_as_chat_and_finds_its_prompt_in_its_s
 ) -> None:
     system = "You are a careful assistant. " * 120
     session = {"x-claude-code-session-id": "7d0c2d9e-4a61-4bb4-9d1e-2f4f0c3b6a11"}
-    usages = []
+
+    usages, ids = [], []
     for _ in range(2):
         with claude.messages.stream(
             model="claude-sonnet-4-5",
@@ -236,7 +237,14 @@ def test_a_placed_claude_code_session_goes_as_chat_and_finds_its_prompt_in_its_s
             extra_headers=session,
         ) as stream:
             usages.append(stream.get_final_message().usage)
-    records = eventually(lambda: [e for e in entries(gateway, "messages", "session") if e["stream"]][-2:])
+            ids.append(stream.response.headers["x-request-id"])
+
+    def mine() -> list[dict[str, Any]] | None:
+        # The access log is written in batches: wait for both of this test's records.
+        found = {e["request_id"]: e for e in entries(gateway, "messages", "session")}
+        return [found[i] for i in ids] if all(i in found for i in ids) else None
+
+    records = eventually(mine)
     assert [r["upstream"] for r in records] == ["chat-stream", "chat-stream"]
     # The second turn was pinned to the slot the first one filled: no wait for idle slots needed.
     assert (
