@@ -301,7 +301,10 @@ def test_messages_stream_disconnect_aborts_and_frees_the_slot(engine: str) -> No
             httpx2.Client(base_url=srv.url, timeout=10) as first,
             first.stream("POST", "/v1/messages", json=body) as r,
         ):
-            assert next(r.iter_lines()) == "event: message_start"
+            # The line iterator is kept: one dropped after `next` is closed whenever the garbage
+            # collector gets to it, and closing it closes the stream (the client left too early).
+            lines = r.iter_lines()
+            assert next(lines) == "event: message_start"
             wait_for(lambda: stats(c)["running"] == 1, "the stream to hold the slot")
         wait_for(lambda: stats(c)["aborted"] == 1, "the stream to be aborted")
         wait_for(lambda: stats(c)["in_flight"] == 0, "the slot to be released")
