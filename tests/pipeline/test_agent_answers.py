@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.answers.events import parse
-from tests.support.fake_upstream import Scripted, chat_answer, sse, whole
+from tests.support.fake_upstream import LLAMA_SERVER_OVERFLOW, Scripted, chat_answer, sse, whole
 from tests.support.proxy_rig import HELLO, Rig, by_host
 
 BUSY_TABLE = """
@@ -216,15 +216,7 @@ async def test_a_prompt_past_the_context_is_said_in_each_agents_words() -> None:
             5000,
         ),
         (
-            {
-                "error": {
-                    "code": 400,
-                    "message": "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it",
-                    "type": "exceed_context_size_error",
-                    "n_prompt_tokens": 5000,
-                    "n_ctx": 4096,
-                }
-            },
+            LLAMA_SERVER_OVERFLOW,
             5000,
         ),
     ],

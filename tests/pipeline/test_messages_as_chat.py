@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.answers.events import parse
-from tests.support.fake_upstream import Scripted, sse, whole
+from tests.support.fake_upstream import LLAMA_SERVER_OVERFLOW, Scripted, sse, whole
 from tests.support.proxy_rig import Rig
 
 TABLE = """
@@ -111,16 +111,9 @@ async def test_a_whole_turn_with_a_tool_call_is_assembled_as_a_messages_answer()
 
 @pytest.mark.anyio
 async def test_the_engines_overflow_on_the_chat_endpoint_is_said_in_claude_codes_words() -> None:
-    refusal = {
-        "error": {
-            "code": 400,
-            "message": "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it",
-            "type": "exceed_context_size_error",
-            "n_prompt_tokens": 5000,
-            "n_ctx": 4096,
-        }
-    }
-    sent, _ = await rig(whole(refusal, status=400)).call(TURN, path="/v1/messages", headers=SESSION)
+    sent, _ = await rig(whole(LLAMA_SERVER_OVERFLOW, status=400)).call(
+        TURN, path="/v1/messages", headers=SESSION
+    )
     assert sent.status == 400
     assert sent.json()["error"] == {
         "type": "invalid_request_error",

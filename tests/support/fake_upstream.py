@@ -54,6 +54,18 @@ class FakeResponse:
         self.script.closed = True
 
 
+# What llama-server answers (400) to a prompt past its context, on chat and Messages alike.
+LLAMA_SERVER_OVERFLOW: dict[str, Any] = {
+    "error": {
+        "code": 400,
+        "message": "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 4096,
+    }
+}
+
+
 def whole(payload: dict[str, Any], status: int = 200) -> Scripted:
     return Scripted(status=status, chunks=[orjson.dumps(payload)])
 
