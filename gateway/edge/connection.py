@@ -7,6 +7,9 @@ bounds the head as it is read: a deadline from the connection's first byte (or t
 to the end of its headers, a byte and field count checked after every read, and a cap on open
 connections refused before anything is parsed. The exact 64 KiB / 100-field limits stay in
 `edge.guard`, where the headers are whole; this layer stops what would never get there.
+
+It also puts the connection's transport behind `edge.corked`, so that a response's head, body and
+chunked terminator, written in one turn of the event loop, leave in one system call.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.dialects.registry import dialect_for
+from gateway.edge.corked import CorkedTransport
 from gateway.edge.reject import Recorder, endpoint_label
 from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
 from gateway.ops.exchange import Exchange
@@ -56,7 +60,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._link: ClientLink | None = None  # the latest request's (pipeline/disconnect.py)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # Every write of uvicorn's and ours goes through the cork, so the bytes keep their order.
+        super().connection_made(CorkedTransport(transport, self.loop))  # type: ignore[arg-type]
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
                 Overloaded(
@@ -104,6 +109,11 @@ class EdgeProtocol(HttpToolsProtocol):
         # Set before uvicorn starts the app's task (it runs only once this read is parsed).
         self._link = self.scope["gateway.link"] = ClientLink()  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # The answer is whole: out now, not at the end of the turn (a pipelined request may follow).
+        self.transport.flush()  # type: ignore[attr-defined]
+        super().on_response_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -62,8 +62,10 @@ class Frame:
 
     def __init__(self, context: Context, budget: RetryBudget) -> None:
         self.ctx, self.budget = context, budget
-        # Request ids: random per process, then a counter; cheaper than a uuid per request.
-        self._ids = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
+        # Request ids: random per process, then a counter; cheaper than a uuid per request. The
+        # prefix is drawn here, once: inside the generator it would be drawn (a syscall) per id.
+        prefix = os.urandom(6).hex()
+        self._ids = (f"{prefix}-{n}" for n in itertools.count(1))
 
     def exchange(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Exchange:
         """The request's record, begun: who sent it, to which endpoint, under which id."""

@@ -159,3 +159,14 @@ async def test_a_server_that_stops_says_so_to_a_waiting_client() -> None:
         await task
     ex = rig.records[-1]
     assert (ex.status, ex.error_code) == (503, "shutdown")
+
+
+@pytest.mark.anyio
+async def test_request_ids_share_one_random_prefix_per_process_and_count_up() -> None:
+    rig = Rig(by_host(dense=whole(chat_answer("a"))))
+    (sent, first), (_, second) = [await rig.call(HELLO) for _ in range(2)]
+    assert sent.status == 200 and (first.outcome, second.outcome) == ("completed", "completed")
+    prefix, number = first.request_id.rsplit("-", 1)
+    assert len(prefix) == 12 and second.request_id == f"{prefix}-{int(number) + 1}"
+    _, third = await Rig(by_host(dense=whole(chat_answer("c")))).call(HELLO)
+    assert not third.request_id.startswith(prefix)
