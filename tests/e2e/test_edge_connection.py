@@ -1,6 +1,8 @@
 """A request head that trickles, never ends or grows without bound is cut off while
 it is read, and open connections are capped with a clear refusal (gateway/edge/connection.py).
 
+The last test checks that an answer leaves the same protocol in one write (gateway/edge/corked.py).
+
 Each test speaks raw bytes over a socket to the gateway under uvicorn with httptools, as shipped.
 """
 
@@ -152,3 +154,46 @@ def test_a_keep_alive_connection_gets_a_fresh_deadline_for_each_request(gw: Runn
                 answer += sock.recv(65536)
             assert status_of(answer) == 200, answer
             time.sleep(0.3)
+
+
+def data_segments_in(sock: socket.socket) -> int | None:
+    """Segments with data this socket has received (Linux's tcp_info `tcpi_data_segs_in`), or None
+    where the kernel does not report it."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
+    return int.from_bytes(info[152:156], "little") if len(info) >= 160 else None
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer with a content-length, read whole."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < length_of(data):
+        piece = sock.recv(65536)
+        assert piece, data
+        data += piece
+    return data
+
+
+def length_of(data: bytes) -> int:
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    return int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="tcp_info is Linux's")
+def test_a_whole_answer_leaves_in_one_write_and_pipelined_answers_keep_their_order(gw: Running) -> None:
+    """The head and body of an answer reach the client as one segment (edge/corked.py: one write),
+    and pipelined requests are answered in order."""
+    with connect(gw) as sock:
+        before = data_segments_in(sock)
+        if before is None:
+            pytest.skip("this kernel does not report data segments")
+        sock.sendall(HEALTH)
+        answer = read_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 200") and data_segments_in(sock) == before + 1
+        sock.sendall(b"".join(HEALTH.replace(b"/health", path) for path in PATHS))
+        answers = [read_answer(sock) for _ in PATHS]
+        assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"404", b"200"], answers
+        assert b'"data"' in answers[2]  # /v1/models, last, as asked
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+PATHS = (b"/health", b"/nowhere", b"/v1/models")

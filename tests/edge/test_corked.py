@@ -1,17 +1,14 @@
 """The client connection's cork (gateway/edge/corked.py): what is written within one turn of the
 event loop reaches the socket as one write, in order, and nothing is held past the turn, a close or
-its size bound."""
+its size bound. tests/e2e/test_edge_connection.py checks the same on a real socket."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from gateway.edge.corked import FLUSH_AT, CorkedTransport
-from tests.support.harness import one_replica_table, run_gateway
-from tests.support.servers import sim_replica
 
 
 class Recording:
@@ -93,52 +90,3 @@ async def test_other_transport_methods_are_the_wrapped_ones() -> None:
     corked, under = cork()
     corked.pause_reading()
     assert under.paused and not corked.is_closing()
-
-
-def data_segments_in(sock: socket.socket) -> int | None:
-    """Segments with data this socket has received (Linux's tcp_info `tcpi_data_segs_in`), or None
-    where the kernel does not report it."""
-    info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
-    return int.from_bytes(info[152:156], "little") if len(info) >= 160 else None
-
-
-def read_answer(sock: socket.socket) -> bytes:
-    """One answer with a content-length, read whole."""
-    data = b""
-    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < length_of(data):
-        piece = sock.recv(65536)
-        assert piece, data
-        data += piece
-    return data
-
-
-def length_of(data: bytes) -> int:
-    head = data.split(b"\r\n\r\n", 1)[0].lower()
-    return int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-
-
-@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="tcp_info is Linux's")
-def test_the_gateway_sends_a_whole_answer_in_one_write_and_pipelined_answers_in_order() -> None:
-    """Through uvicorn and the gateway's protocol on a real socket: the head and body of an answer
-    reach the client as one segment (one write), and pipelined requests are answered in order."""
-    replica = sim_replica("vllm", "m")
-    try:
-        with run_gateway(one_replica_table(replica.url)) as gw:
-            host, port = gw.url.removeprefix("http://").split(":")
-            with socket.create_connection((host, int(port)), timeout=5) as sock:
-                before = data_segments_in(sock)
-                if before is None:
-                    pytest.skip("this kernel does not report data segments")
-                sock.sendall(HEALTH)
-                answer = read_answer(sock)
-                assert answer.startswith(b"HTTP/1.1 200") and data_segments_in(sock) == before + 1
-                sock.sendall(b"".join(HEALTH.replace(b"/health", path) for path in PATHS))
-                answers = [read_answer(sock) for _ in PATHS]
-                assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"404", b"200"], answers
-                assert b'"data"' in answers[2]  # /v1/models, last, as asked
-    finally:
-        replica.stop()
-
-
-HEALTH = b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
-PATHS = (b"/health", b"/nowhere", b"/v1/models")
