@@ -163,19 +163,28 @@ def data_segments_in(sock: socket.socket) -> int | None:
     return int.from_bytes(info[152:156], "little") if len(info) >= 160 else None
 
 
-def read_answer(sock: socket.socket) -> bytes:
-    """One answer with a content-length, read whole."""
-    data = b""
-    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < length_of(data):
-        piece = sock.recv(65536)
-        assert piece, data
-        data += piece
-    return data
+def read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """`count` answers with a content-length, read whole: one read may hold several of them."""
+    data, answers = b"", []
+    while len(answers) < count:
+        while (end := answer_end(data)) is None:
+            piece = sock.recv(65536)
+            assert piece, (answers, data)
+            data += piece
+        answers.append(data[:end])
+        data = data[end:]
+    assert not data, data
+    return answers
 
 
-def length_of(data: bytes) -> int:
-    head = data.split(b"\r\n\r\n", 1)[0].lower()
-    return int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+def answer_end(data: bytes) -> int | None:
+    """Where the first answer in `data` ends, or None while it is incomplete."""
+    head, blank, _ = data.partition(b"\r\n\r\n")
+    if not blank:
+        return None
+    length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+    end = len(head) + 4 + length
+    return end if len(data) >= end else None
 
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="tcp_info is Linux's")
@@ -187,10 +196,10 @@ def test_a_whole_answer_leaves_in_one_write_and_pipelined_answers_keep_their_ord
         if before is None:
             pytest.skip("this kernel does not report data segments")
         sock.sendall(HEALTH)
-        answer = read_answer(sock)
+        [answer] = read_answers(sock, 1)
         assert answer.startswith(b"HTTP/1.1 200") and data_segments_in(sock) == before + 1
         sock.sendall(b"".join(HEALTH.replace(b"/health", path) for path in PATHS))
-        answers = [read_answer(sock) for _ in PATHS]
+        answers = read_answers(sock, len(PATHS))
         assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"404", b"200"], answers
         assert b'"data"' in answers[2]  # /v1/models, last, as asked
 
