@@ -48,7 +48,6 @@ from gateway.relay.respond import Responder
 from gateway.relay.stream import relay_stream
 from gateway.relay.whole import relay_assembled, relay_whole
 from gateway.routing.balancer import POLICIES
-from gateway.routing.fallback import estimate_tokens
 from gateway.routing.route import route
 from gateway.routing.table import Preset
 from gateway.servertools import loop as server_tools
@@ -131,7 +130,7 @@ class Proxy:
         responder: Responder,
     ) -> None:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
-        body, blobs = await parse(raw, settings)
+        body, blobs, tokens = await parse(raw, settings)
         check_request(body, endpoint)
         self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True
@@ -144,7 +143,7 @@ class Proxy:
         team.check_preset(identity, preset.name)
         lowered = headers.get("x-gateway-priority", "").strip().lower() == "batch"
         ex.priority = "batch" if identity.priority == "batch" or lowered else "interactive"
-        ex.estimated_tokens = tokens = estimate_tokens(body)
+        ex.estimated_tokens = tokens
         admission = await team.reserve(
             identity, preset.name, reservation(identity, tokens, body, endpoint, preset)
         )

@@ -14,15 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.errors import FallbackReason as Reason
 
 REASONS: tuple[Reason, ...] = ("down", "failed", "loading", "full", "context")
-# Where a prompt's text lives in the three dialects' bodies; what is under other keys (sampling
-# settings, image data) does not become prompt tokens in proportion to its length.
-_PROMPT_KEYS = ("messages", "system", "prompt", "input", "instructions", "tools", "functions")
-_SKIP_KEYS = frozenset({"image_url", "url", "data", "image", "input_image", "file_data", "source"})
 # The engines' own words for a prompt past the context (vLLM, llama-server's error type and text).
 _CONTEXT_ERROR = re.compile(
     rb"maximum context length|exceed_context_size_error|exceeds the available context size"
@@ -81,28 +76,6 @@ def choose(
         if name not in skip and can_take(standing, reason, prompt_tokens):
             return name
     return None
-
-
-def estimate_tokens(body: dict[str, Any]) -> int:
-    """Prompt tokens, estimated from the body's text at four characters a token: close for English
-    and code, low for CJK text (the engine's own 400 then confirms a prompt that is too long)."""
-    chars = 0
-    stack: list[Any] = [body[key] for key in _PROMPT_KEYS if key in body]
-    budget = 1_000_000  # values visited, at most: a body is bounded, this keeps the walk bounded too
-    push = stack.append
-    while stack and budget:
-        budget -= 1
-        value = stack.pop()
-        kind = type(value)  # exact types, as the JSON parsers make them: cheaper than isinstance
-        if kind is str:
-            chars += len(value)
-        elif kind is list:
-            stack.extend(value)
-        elif kind is dict:
-            for key, child in value.items():
-                if key not in _SKIP_KEYS:
-                    push(child)
-    return chars // 4
 
 
 def context_error(status: int, body: bytes) -> bool:

@@ -49,7 +49,7 @@ def test_a_literal_with_escapes_is_parsed_not_set_aside() -> None:
 
 
 def test_parse_large_checks_what_parse_object_checks() -> None:
-    body, blobs = parse_large(orjson.dumps(image_body(200_000)), 64)
+    body, blobs, _ = parse_large(orjson.dumps(image_body(200_000)), 64)
     assert blobs and body["messages"][0]["content"][1]["type"] == "image_url"
 
 

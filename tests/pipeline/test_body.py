@@ -187,3 +187,30 @@ def test_a_long_run_across_the_slices_of_a_large_body_is_found() -> None:
 def test_an_integer_past_64_bits_is_forwarded_exactly() -> None:
     body = parse_object(b'{"model": "m", "seed": 123456789012345678901234567890}', 64)
     assert orjson.dumps(body) == b'{"model":"m","seed":123456789012345678901234567890}'
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        b"-9223372036854775809",  # one below int64
+        b"18446744073709551616",  # one above uint64
+        b"123456789012345678901234567890",
+    ],
+)
+def test_an_integer_past_64_bits_deep_inside_the_body_is_kept_exactly(number: bytes) -> None:
+    raw = b'{"tools": [{"parameters": {"properties": {"n": {"default": ' + number + b"}}}}]}"
+    body = parse_object(raw, 64)
+    assert orjson.dumps(body) == raw.replace(b" ", b"")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "12345678901234567890", "b": [1, 2.5, -3]}',  # a long run, in a string only
+        b'{"a": 1e19, "b": -2.5e30, "c": 1.5}',  # large floats, written as floats
+        b'{"a": 18446744073709551615, "b": -9223372036854775808}',  # the 64-bit ends
+    ],
+)
+def test_a_body_without_an_integer_past_64_bits_parses_as_orjson_reads_it(raw: bytes) -> None:
+    assert parse_object(raw, 64) == orjson.loads(raw)
+    assert orjson.dumps(parse_object(raw, 64)) == orjson.dumps(orjson.loads(raw))

@@ -88,7 +88,7 @@ def test_a_long_image_set_aside_by_the_reader_is_described_from_its_bytes_and_mo
     client = chat_body()
     client["messages"][2]["content"][1]["image_url"]["url"] = big
     raw = orjson.dumps(client)
-    body, blobs = parse_large(raw, 64)
+    body, blobs, _ = parse_large(raw, 64)
     assert big not in texts(body)  # the reader left a placeholder in the parsed body
     describe = Describer()
     run(ToolImages(describe), dict(body), blobs, vision=False, can_describe=True)

@@ -1,5 +1,5 @@
-"""gateway/routing/fallback.py: the prompt's token estimate, why a preset hands a request on, which
-fallback takes it, and how an engine's context refusal is read (pure values, no fleet)."""
+"""gateway/routing/fallback.py: why a preset hands a request on, which fallback takes it, and how an
+engine's context refusal is read (pure values, no fleet)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from gateway.routing.fallback import (
     choose,
     context_error,
     context_numbers,
-    estimate_tokens,
     header_value,
     why_not,
 )
@@ -26,72 +25,6 @@ FAILED = Standing(available=False, free=False, failed=True)
 def loadable(expected: float | None = None, context: int | None = None) -> Standing:
     """A preset of launched replicas none of which serves yet: a request would start one."""
     return Standing(available=False, free=False, loadable=True, expected_load=expected, context=context)
-
-
-# --- the estimate ------------------------------------------------------------------------------
-
-
-def test_the_estimate_is_four_characters_a_token_rounded_down() -> None:
-    body = {"messages": [{"role": "user", "content": "x" * 399}]}
-    # "user" and the content both count: 4 + 399 = 403 characters.
-    assert estimate_tokens(body) == 403 // 4
-
-
-def test_the_estimate_adds_up_every_prompt_key_of_the_three_dialects() -> None:
-    ten = "y" * 40
-    body = {
-        "messages": [{"content": ten}],
-        "system": ten,
-        "prompt": ten,
-        "input": [{"content": [{"text": ten}]}],
-        "instructions": ten,
-        "tools": [{"description": ten}],
-        "functions": [{"description": ten}],
-    }
-    assert estimate_tokens(body) == 7 * 10
-
-
-def test_the_estimate_ignores_keys_that_are_not_prompt_text() -> None:
-    body = {
-        "model": "m" * 400,
-        "temperature": 0.5,
-        "metadata": {"note": "n" * 400},
-        "messages": [{"content": "abcd"}],
-    }
-    assert estimate_tokens(body) == 1
-
-
-def test_image_and_file_data_do_not_count_as_prompt_text() -> None:
-    picture = "A" * 40_000
-    body = {
-        "messages": [
-            {
-                "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + picture}},
-                    {"type": "image", "source": {"data": picture}},
-                    {"type": "input_image", "image": picture, "file_data": picture, "data": picture},
-                ]
-            }
-        ]
-    }
-    # Only the short "type" values remain: image_url, image, input_image.
-    assert estimate_tokens(body) == len("image_urlimageinput_image") // 4
-
-
-@pytest.mark.parametrize("key", ["image_url", "url", "data", "image", "input_image", "file_data", "source"])
-def test_each_key_that_holds_image_or_file_data_is_skipped_whatever_it_holds(key: str) -> None:
-    body = {"messages": [{"content": [{key: "B" * 4000}, {key: {"text": "C" * 4000}}]}]}
-    assert estimate_tokens(body) == 0
-
-
-def test_numbers_booleans_and_nulls_in_the_prompt_count_nothing() -> None:
-    body = {"messages": [{"content": None, "n": 12345678, "flag": True, "text": "abcdefgh"}]}
-    assert estimate_tokens(body) == 2
-
-
-def test_a_body_without_prompt_keys_estimates_zero() -> None:
-    assert estimate_tokens({}) == 0
-    assert estimate_tokens({"model": "dense", "max_tokens": 10}) == 0
 
 
 # --- why a preset hands a request on -------------------------------------------------------------

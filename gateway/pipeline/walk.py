@@ -1,0 +1,96 @@
+"""One walk over a parsed request body, for what every request needs to know of all of it.
+
+Three questions cover the whole body: is it nested deeper than the gateway's limit, does it hold a
+float as large as an integer orjson could not hold (body.py then looks for the digits), and how
+long is its prompt text (the token estimate). Asked one at a time they cost three passes; on a
+50 KB Claude Code request the passes cost more than orjson's parse itself (measured: 35 us for the
+depth, 43 for a byte scan for long digits, 35 for counting brackets, 65 for the estimate; this
+walk answers all three in about the time of the estimate alone).
+
+Level by level, without recursion (the depth check cannot hit the recursion limit it guards
+against) and without a tuple per node (on a 64 KB chat body: 44 us with tuples, 19 us so).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+# Where a prompt's text lives in the three dialects' bodies; what is under other keys (sampling
+# settings, image data) does not become prompt tokens in proportion to its length.
+PROMPT_KEYS = frozenset({"messages", "system", "prompt", "input", "instructions", "tools", "functions"})
+SKIP_KEYS = frozenset({"image_url", "url", "data", "image", "input_image", "file_data", "source"})
+# orjson turns an integer beyond 64 bits into a float of at least this size (2**63 for a negative
+# one, 2**64 for a positive one); a float of that size may also be one the client wrote as a float.
+BIG_FLOAT = 2.0**63
+
+
+class BodyFacts(NamedTuple):
+    too_deep: bool  # nested deeper than the limit (the walk stopped there: the rest is not counted)
+    big_float: bool  # a float of at least BIG_FLOAT: maybe an integer beyond 64 bits
+    prompt_chars: int  # characters of prompt text: strings under PROMPT_KEYS, not under SKIP_KEYS
+
+    @property
+    def estimated_tokens(self) -> int:
+        """Four characters a token: close for English and code, low for CJK text (the engine's own
+        400 then confirms a prompt that is too long)."""
+        return self.prompt_chars // 4
+
+
+def walk(body: dict[str, Any], max_depth: int) -> BodyFacts:
+    """The facts of a parsed body (the top level is depth 1). Exact types are compared, as the
+    JSON parsers make them: cheaper than isinstance."""
+    chars = 0
+    big = False
+    text: list[Any] = []  # containers whose strings are prompt text
+    other: list[Any] = []  # containers whose strings are not
+    for key, child in body.items():
+        kind = type(child)
+        if kind is dict or kind is list:
+            (text if key in PROMPT_KEYS else other).append(child)
+        elif kind is str:
+            if key in PROMPT_KEYS:
+                chars += len(child)
+        elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
+            big = True
+    depth = 2
+    while text or other:
+        if depth > max_depth:
+            return BodyFacts(True, big, chars)
+        text_below: list[Any] = []
+        other_below: list[Any] = []
+        for node in text:
+            if type(node) is list:
+                for child in node:
+                    kind = type(child)
+                    if kind is str:
+                        chars += len(child)
+                    elif kind is dict or kind is list:
+                        text_below.append(child)
+                    elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
+                        big = True
+            else:
+                for key, child in node.items():
+                    kind = type(child)
+                    if kind is str:
+                        if key not in SKIP_KEYS:
+                            chars += len(child)
+                    elif kind is dict or kind is list:
+                        (other_below if key in SKIP_KEYS else text_below).append(child)
+                    elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
+                        big = True
+        for node in other:
+            for child in node.values() if type(node) is dict else node:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    other_below.append(child)
+                elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
+                    big = True
+        text, other = text_below, other_below
+        depth += 1
+    return BodyFacts(False, big, chars)
+
+
+def estimate_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens, estimated from the body's text (BodyFacts.estimated_tokens), for a body
+    whose depth was checked already."""
+    return walk(body, 1 << 30).estimated_tokens

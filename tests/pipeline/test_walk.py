@@ -1,0 +1,156 @@
+"""gateway/pipeline/walk.py: one walk over a parsed body gives its depth, whether it may hold an
+integer beyond 64 bits, and its prompt's token estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, estimate_tokens, walk
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"
+
+
+# --- the estimate (the rule, case by case) ------------------------------------------------------------------------------
+
+
+def test_the_estimate_is_four_characters_a_token_rounded_down() -> None:
+    body = {"messages": [{"role": "user", "content": "x" * 399}]}
+    # "user" and the content both count: 4 + 399 = 403 characters.
+    assert estimate_tokens(body) == 403 // 4
+
+
+def test_the_estimate_adds_up_every_prompt_key_of_the_three_dialects() -> None:
+    ten = "y" * 40
+    body = {
+        "messages": [{"content": ten}],
+        "system": ten,
+        "prompt": ten,
+        "input": [{"content": [{"text": ten}]}],
+        "instructions": ten,
+        "tools": [{"description": ten}],
+        "functions": [{"description": ten}],
+    }
+    assert estimate_tokens(body) == 7 * 10
+
+
+def test_the_estimate_ignores_keys_that_are_not_prompt_text() -> None:
+    body = {
+        "model": "m" * 400,
+        "temperature": 0.5,
+        "metadata": {"note": "n" * 400},
+        "messages": [{"content": "abcd"}],
+    }
+    assert estimate_tokens(body) == 1
+
+
+def test_image_and_file_data_do_not_count_as_prompt_text() -> None:
+    picture = "A" * 40_000
+    body = {
+        "messages": [
+            {
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + picture}},
+                    {"type": "image", "source": {"data": picture}},
+                    {"type": "input_image", "image": picture, "file_data": picture, "data": picture},
+                ]
+            }
+        ]
+    }
+    # Only the short "type" values remain: image_url, image, input_image.
+    assert estimate_tokens(body) == len("image_urlimageinput_image") // 4
+
+
+@pytest.mark.parametrize("key", ["image_url", "url", "data", "image", "input_image", "file_data", "source"])
+def test_each_key_that_holds_image_or_file_data_is_skipped_whatever_it_holds(key: str) -> None:
+    body = {"messages": [{"content": [{key: "B" * 4000}, {key: {"text": "C" * 4000}}]}]}
+    assert estimate_tokens(body) == 0
+
+
+def test_numbers_booleans_and_nulls_in_the_prompt_count_nothing() -> None:
+    body = {"messages": [{"content": None, "n": 12345678, "flag": True, "text": "abcdefgh"}]}
+    assert estimate_tokens(body) == 2
+
+
+def test_a_body_without_prompt_keys_estimates_zero() -> None:
+    assert estimate_tokens({}) == 0
+    assert estimate_tokens({"model": "dense", "max_tokens": 10}) == 0
+
+
+# --- the walk against the rule written out plainly ---------------------------------------------
+
+
+def prompt_chars(value: Any, counted: bool) -> int:
+    """The estimate's rule, recursive and plain: strings under a prompt key count, except under a
+    key that holds image or file data."""
+    if isinstance(value, str):
+        return len(value) if counted else 0
+    if isinstance(value, list):
+        return sum(prompt_chars(child, counted) for child in value)
+    if isinstance(value, dict):
+        return sum(prompt_chars(child, counted and key not in SKIP_KEYS) for key, child in value.items())
+    return 0
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, dict | list):
+        children = value.values() if isinstance(value, dict) else value
+        return 1 + max((depth_of(child) for child in children), default=0)
+    return 0
+
+
+def rule(body: dict[str, Any]) -> int:
+    return sum(prompt_chars(value, True) for key, value in body.items() if key in PROMPT_KEYS)
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in FIXTURES.glob("*.json") if p.stem != "codex-models-request"),
+    ids=lambda p: p.stem,
+)
+def test_the_walk_counts_a_captured_agent_request_as_the_rule_does(path: Path) -> None:
+    captured = json.loads(path.read_text())
+    body = captured.get("body", captured)
+    facts = walk(body, 64)
+    assert not facts.too_deep and not facts.big_float
+    assert facts.prompt_chars == rule(body) > 10_000
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from([*PROMPT_KEYS, *SKIP_KEYS, "role", "x"]), inner, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from([*PROMPT_KEYS, "model", "metadata"]), JSON, max_size=5))
+def test_the_walk_agrees_with_the_rule_and_the_depth_on_any_body(body: dict[str, Any]) -> None:
+    body = orjson.loads(orjson.dumps(body))  # the exact types a parser makes
+    depth = depth_of(body)
+    assert walk(body, 64).prompt_chars == rule(body)
+    assert walk(body, depth).too_deep is False
+    assert walk(body, depth - 1).too_deep is (depth - 1 >= 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "big"),
+    [(1.5, False), (9.2e18, False), (2.0**63, True), (-(2.0**63), True), (1e30, True), (2**64 - 1, False)],
+)
+def test_a_float_as_large_as_an_integer_past_64_bits_is_noticed_at_any_depth(value: Any, big: bool) -> None:
+    body = {"tools": [{"parameters": {"default": value}}], "n": 1}
+    assert walk(body, 64).big_float is big
+    assert walk({"top": value}, 64).big_float is big
