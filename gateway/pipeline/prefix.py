@@ -156,7 +156,7 @@ class VolatileCache:
         return found.cut
 
     def _found(self, text: str) -> _Found:
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
@@ -276,13 +276,16 @@ class _View:
 
 
 def fingerprint(preset: str, system: list[Any], tools: Any) -> str:
-    """A short, stable hash of what should not change between a client's calls."""
-    digest = hashlib.blake2b(preset.encode(), digest_size=6)
+    """A short, stable hash of what should not change between a client's calls.
+
+    SHA-256, not BLAKE2: with the SHA instructions of current x86 and Arm server CPUs it hashes an
+    agent's system prompt and tools (40 KB) in half the time, once per request."""
+    digest = hashlib.sha256(preset.encode())
     for message in system:
         digest.update(orjson.dumps(message))
     if tools is not None:
         digest.update(orjson.dumps(tools))
-    return digest.hexdigest()
+    return digest.hexdigest()[:12]
 
 
 def _conversation_key(messages: list[Any]) -> str:
