@@ -1,0 +1,183 @@
+"""What the gateway's own steps cost on an agent's request, against other revisions.
+
+    python -m bench.agent_body [--against REV ...] [--rounds N] [--requests N] [--out FILE]
+
+`bench.gateway` measures the gateway with a small chat body; an agent's request is 20-70k tokens,
+and the steps that read the whole body (parse, depth, estimate, prefix fingerprint, encode) cost in
+proportion to it. This runs the gateway's ASGI app in process, with an upstream client that answers
+at once (no sockets, no server: what is left is the gateway's own Python), on two bodies: the
+captured Claude Code request of tests/fixtures/agents (50 KB, `POST /v1/messages`) and the bench's
+small chat body (`POST /v1/chat/completions`). Each contender is this checkout or a revision built
+by bench/proxycost/revisions.py (`--against`), in a process of its own pinned to core 0, alternated
+round by round; the result is the median CPU time per request and each revision's ratio.
+
+Results: a table on stdout and JSON lines appended to bench/results/agent_body.jsonl (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.proxycost.revisions import build_all, default_cache
+from bench.proxycost.routes import routes_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "agents" / "claude-code-messages-tool-result.json"
+RESULTS = ROOT / "bench" / "results" / "agent_body.jsonl"
+
+# Run in the contender's own interpreter: it imports only that revision's `gateway`.
+CHILD = r"""
+import asyncio, gc, json, sys, time
+routes, body_path, path, n = sys.argv[1:5]
+from gateway.settings import Settings
+from gateway.routing.table import parse_table
+from gateway.ops.accesslog import AccessLog
+from gateway.app import build_gateway, create_app
+
+CHAT = json.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}).encode()
+MESSAGE = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+    "content": [{"type": "text", "text": "hello"}], "stop_reason": "end_turn", "stop_sequence": None,
+    "usage": {"input_tokens": 12, "output_tokens": 3}}).encode()
+ANSWER = MESSAGE if path == "/v1/messages" else CHAT
+
+class Answer:
+    status = 200
+    headers = {"content-type": "application/json"}
+    async def read(self, limit=None):
+        return ANSWER
+    async def close(self):
+        pass
+
+class Instant:
+    async def send(self, url, headers, body, timeouts, method="POST"):
+        return Answer()
+    async def get(self, url, headers, timeout):
+        return 200, b"{}"
+    async def aclose(self):
+        pass
+
+body = open(body_path, "rb").read()
+log = AccessLog(enabled=True, flush_interval=0.2, stream=open("/dev/null", "wb"))
+gateway = build_gateway(Settings(), parse_table(routes, "bench"), client=Instant(), access_log=log)
+app = create_app(gateway)
+headers = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+           (b"anthropic-version", b"2023-06-01"), (b"content-length", str(len(body)).encode())]
+
+async def one():
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": path,
+             "raw_path": path.encode(), "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8000), "scheme": "http",
+             "root_path": "", "state": {}}
+    sent = False
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+    async def send(message):
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            raise SystemExit(f"status {message['status']}")
+    await app(scope, receive, send)
+
+async def run():
+    for _ in range(200):
+        await one()
+    gc.collect(); gc.freeze(); gc.set_threshold(20_000, 20, 20)  # as the gateway's server does
+    start = time.process_time()
+    async def worker(count):
+        for _ in range(count):
+            await one()
+    await asyncio.gather(*(worker(int(n) // 16) for _ in range(16)))
+    print(json.dumps({"us": (time.process_time() - start) / (int(n) // 16 * 16) * 1e6}))
+
+import uvloop
+uvloop.run(run())
+"""
+
+
+def contenders(revs: list[str]) -> list[tuple[str, str]]:
+    """(name, python) for this checkout and each revision."""
+    found = [("gateway", sys.executable)]
+    for revision in build_all(revs, default_cache()):
+        found.append((revision.name, str(revision.env / "bin" / "python")))
+    return found
+
+
+def bodies(scratch: Path) -> list[tuple[str, str, Path]]:
+    """(name, path, file) of the two bodies."""
+    captured = json.loads(FIXTURE.read_text())["body"]
+    agent = scratch / "agent.json"
+    agent.write_bytes(json.dumps({**captured, "model": "bench", "stream": False}).encode())
+    from bench.proxycost.bodies import SMALL_BODY
+
+    small = scratch / "small.json"
+    small.write_bytes(SMALL_BODY)
+    return [("claude code, 50 KB", "/v1/messages", agent), ("small chat", "/v1/chat/completions", small)]
+
+
+def measure(python: str, routes: str, body: Path, path: str, requests: int) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["PYTHONPATH"] = ""  # the contender's own package, not this checkout's
+    out = subprocess.run(
+        ["taskset", "-c", "0", python, "-c", CHILD, routes, str(body), path, str(requests)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd="/",
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{python}: {out.stderr.strip()[-2000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["us"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--against", action="append", default=[], metavar="REV")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=3200, help="per round and contender")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"agent-body-{os.getpid()}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    routes = routes_yaml(18999, 18997)
+    racers = contenders(args.against)
+    rows = []
+    for label, path, body in bodies(scratch):
+        samples: dict[str, list[float]] = {name: [] for name, _ in racers}
+        for _ in range(args.rounds):
+            for name, python in racers:
+                samples[name].append(measure(python, routes, body, path, args.requests))
+        medians = {name: statistics.median(values) for name, values in samples.items()}
+        rows.append((label, medians, samples))
+    names = [name for name, _ in racers]
+    print(f"CPU per request in process, median of {args.rounds} rounds (lower is better)")
+    print("| body | " + " | ".join(names) + "".join(f" | gw / {n[8:]}" for n in names[1:]) + " |")
+    print("|---" * (len(names) * 2) + "|")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as out:
+        for label, medians, samples in rows:
+            ratios = [medians["gateway"] / medians[n] for n in names[1:]]
+            cells = " | ".join(f"{medians[n]:.0f} us" for n in names)
+            print(f"| {label} | {cells}" + "".join(f" | {r:.2f}x" for r in ratios) + " |")
+            for name in names:
+                line = {"at": stamp, "body": label, "contender": name, "cpu_us": medians[name]}
+                out.write(json.dumps({**line, "rounds": samples[name]}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
