@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -151,18 +152,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3200, help="per round and contender")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"agent-body-{os.getpid()}"
-    scratch.mkdir(parents=True, exist_ok=True)
-    routes = routes_yaml(18999, 18997)
+    routes = routes_yaml(18999, 18997)  # no socket is opened: the upstream client answers in process
     racers = contenders(args.against)
     rows = []
-    for label, path, body in bodies(scratch):
-        samples: dict[str, list[float]] = {name: [] for name, _ in racers}
-        for _ in range(args.rounds):
-            for name, python in racers:
-                samples[name].append(measure(python, routes, body, path, args.requests))
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        rows.append((label, medians, samples))
+    with tempfile.TemporaryDirectory() as scratch:
+        for label, path, body in bodies(Path(scratch)):
+            samples: dict[str, list[float]] = {name: [] for name, _ in racers}
+            for _ in range(args.rounds):
+                for name, python in racers:
+                    samples[name].append(measure(python, routes, body, path, args.requests))
+            medians = {name: statistics.median(values) for name, values in samples.items()}
+            rows.append((label, medians, samples))
     names = [name for name, _ in racers]
     print(f"CPU per request in process, median of {args.rounds} rounds (lower is better)")
     print("| body | " + " | ".join(names) + "".join(f" | gw / {n[8:]}" for n in names[1:]) + " |")

@@ -574,3 +574,20 @@ def test_team_bench_reports_both_measures(tmp_path: Path) -> None:
     for mode in ("fifo", "priority", "priority+share"):
         assert finite_positive(priority[mode]["p50_ms"]) and priority[mode]["batch_answers"] > 0
     assert "redis / local (p50)" in stdout and "fifo / priority+share" in stdout
+
+
+# --- bench.agent_body: the gateway's own steps on a captured agent request, in process -------------
+
+
+def test_agent_body_bench_reports_both_bodies_after_every_request_was_answered(tmp_path: Path) -> None:
+    # A request answered with any status but 200 stops the benchmark (exit status 1).
+    lines, stdout = run_module(
+        ["bench.agent_body", "--rounds", "1", "--requests", "32"], tmp_path / "body.jsonl", timeout=120
+    )
+    assert {(line["body"], line["contender"]) for line in lines} == {
+        ("claude code, 50 KB", "gateway"),
+        ("small chat", "gateway"),
+    }
+    for line in lines:
+        assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
+    assert "| claude code, 50 KB |" in stdout and "| small chat |" in stdout
