@@ -1,7 +1,7 @@
 """How many tokens a request is: the prompt's estimate, the engine's count where the estimate is
 too close to the context to trust, and what a key's token limits reserve for it at admission.
 
-The gateway estimates a prompt at four characters a token (routing/fallback.py): close for English
+The gateway estimates a prompt at four characters a token (pipeline/walk.py): close for English
 and code, off by a quarter either way for other text. Near the context's end that is the difference
 between an answer and an overflow, so there the engine counts: Messages on both engines with
 `/v1/messages/count_tokens`; chat on vLLM with `/tokenize` (it renders the messages with the chat
