@@ -9,6 +9,11 @@ walk answers all three in about the time of the estimate alone).
 
 Level by level, without recursion (the depth check cannot hit the recursion limit it guards
 against) and without a tuple per node (on a 64 KB chat body: 44 us with tuples, 19 us so).
+
+The walk reads every value, as the depth check always did: the body's size limit bounds it (the
+estimate alone used to stop after a million values). Its worst case is a body of numbers, and a long
+list is read by its elements' types first, at C speed: a 28 MiB body of 15 million integers parses
+in 0.64 s of CPU, against 0.71 s for the parse, the byte scans and the bounded estimate before.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ SKIP_KEYS = frozenset({"image_url", "url", "data", "image", "input_image", "file
 # orjson turns an integer beyond 64 bits into a float of at least this size (2**63 for a negative
 # one, 2**64 for a positive one); a float of that size may also be one the client wrote as a float.
 BIG_FLOAT = 2.0**63
+# A longer list is first read by its elements' types, at C speed: a list of numbers (token ids,
+# vectors) holds no text, no container and, but for a float that large, nothing the walk looks for.
+LONG_LIST = 64
+_NUMBERS = frozenset({int, float, bool})
 
 
 class BodyFacts(NamedTuple):
@@ -60,6 +69,9 @@ def walk(body: dict[str, Any], max_depth: int) -> BodyFacts:
         other_below: list[Any] = []
         for node in text:
             if type(node) is list:
+                if len(node) > LONG_LIST and (numbers := _numbers(node)) is not None:
+                    big = big or numbers
+                    continue
                 for child in node:
                     kind = type(child)
                     if kind is str:
@@ -79,6 +91,9 @@ def walk(body: dict[str, Any], max_depth: int) -> BodyFacts:
                     elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
                         big = True
         for node in other:
+            if type(node) is list and len(node) > LONG_LIST and (numbers := _numbers(node)) is not None:
+                big = big or numbers
+                continue
             for child in node.values() if type(node) is dict else node:
                 kind = type(child)
                 if kind is dict or kind is list:
@@ -88,6 +103,17 @@ def walk(body: dict[str, Any], max_depth: int) -> BodyFacts:
         text, other = text_below, other_below
         depth += 1
     return BodyFacts(False, big, chars)
+
+
+def _numbers(node: list[Any]) -> bool | None:
+    """For a list of numbers only: whether it holds a float at least BIG_FLOAT in size (where it
+    holds floats, its largest number is compared: an integer that large is within 64 bits, and only
+    makes body.py look at the digits); None for any other list, which the walk then reads element by
+    element."""
+    kinds = set(map(type, node))
+    if not kinds <= _NUMBERS:
+        return None
+    return float in kinds and max(map(abs, node)) >= BIG_FLOAT
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:

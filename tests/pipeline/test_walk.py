@@ -154,3 +154,33 @@ def test_a_float_as_large_as_an_integer_past_64_bits_is_noticed_at_any_depth(val
     body = {"tools": [{"parameters": {"default": value}}], "n": 1}
     assert walk(body, 64).big_float is big
     assert walk({"top": value}, 64).big_float is big
+
+
+@pytest.mark.parametrize(
+    ("numbers", "big"),
+    [
+        ([7] * 5000, False),  # token ids
+        ([0.25, -1.5] * 2000, False),  # a vector
+        ([1, 2.5, True] * 100 + [2.0**63], True),
+        ([1] * 100 + [-(2.0**64)], True),
+        ([1] * 100 + [2**64 - 1], False),  # an integer within 64 bits, as orjson holds it: no float
+        ([1] * 100 + [2**64 - 1, 0.5], True),  # beside a float it makes body.py look at the digits
+    ],
+)
+def test_a_long_list_of_numbers_is_read_by_its_types_and_its_largest(numbers: list[Any], big: bool) -> None:
+    for body in ({"input": numbers}, {"metadata": {"v": numbers}}):
+        facts = walk(body, 64)
+        assert facts.big_float is big and facts.prompt_chars == 0 and not facts.too_deep
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [["word"], [{"text": "word"}], [["word"]], [None, 2.0**63], [None, "word"]],
+    ids=["string", "dict", "list", "null and a large float", "null and a string"],
+)
+def test_a_long_list_that_is_not_only_numbers_is_walked_element_by_element(tail: list[Any]) -> None:
+    body = {"messages": [1.5] * 100 + tail, "metadata": [[0] * 100 + tail]}
+    facts = walk(body, 64)
+    assert facts.prompt_chars == rule(body)
+    assert facts.big_float is any(type(v) is float and abs(v) >= 2.0**63 for v in tail)
+    assert walk(body, depth_of(body) - 1).too_deep
