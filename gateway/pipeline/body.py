@@ -196,10 +196,6 @@ def _exact_int(text: str) -> int | orjson.Fragment:
     return value if value in INT_RANGE else orjson.Fragment(text)
 
 
-def parse_object(raw: bytes | bytearray, max_depth: int) -> dict[str, Any]:
-    return read_object(raw, max_depth)[0]
-
-
 def read_object(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], int]:
     """The body as a JSON object within the depth limit, and its prompt tokens as estimated."""
     if not raw:

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from gateway.edge.auth import KeyAuth
-from gateway.pipeline.body import parse_object
+from gateway.pipeline.body import read_object
 from gateway.pipeline.rewrite import cap_to_context, check_request, rewrite
 from gateway.routing.table import parse_table
 from gateway.team.keys import build_keyring
@@ -431,7 +431,7 @@ def test_case_29_rewrite_invariants(body: dict[str, Any], context: int | None) -
     """Case 29: rewrite changes only owned keys, merges kwargs, caps tokens, is idempotent; from
     the bytes a client sends, so the parser's own changes (a big integer made a float) show too."""
     original = copy.deepcopy(body)
-    body = parse_object(json.dumps(body).encode(), max_depth=64)
+    body = read_object(json.dumps(body).encode(), max_depth=64)[0]
     check_request(body, "chat")
     route = PROPERTY_TABLE.resolve(body.get("model"), None, False)
     preset = route.preset
@@ -464,7 +464,7 @@ def test_case_29_rewrite_invariants(body: dict[str, Any], context: int | None) -
     if thinks:
         wanted = max(wanted, preset.min_max_tokens)
     assert budget == (min(wanted, context) if context else wanted)
-    again = parse_object(orjson.dumps(body), max_depth=64)
+    again = read_object(orjson.dumps(body), max_depth=64)[0]
     again = rewrite(again, preset, "chat", want_usage=True).body
     assert orjson.dumps(again) == orjson.dumps(body)  # idempotent
 

@@ -48,7 +48,7 @@ def test_a_literal_with_escapes_is_parsed_not_set_aside() -> None:
     assert not set_aside(raw)[1]
 
 
-def test_parse_large_checks_what_parse_object_checks() -> None:
+def test_parse_large_checks_what_read_object_checks() -> None:
     body, blobs, _ = parse_large(orjson.dumps(image_body(200_000)), 64)
     assert blobs and body["messages"][0]["content"][1]["type"] == "image_url"
 
