@@ -114,9 +114,3 @@ def _numbers(node: list[Any]) -> bool | None:
     if not kinds <= _NUMBERS:
         return None
     return float in kinds and max(map(abs, node)) >= BIG_FLOAT
-
-
-def estimate_tokens(body: dict[str, Any]) -> int:
-    """Prompt tokens, estimated from the body's text (BodyFacts.estimated_tokens), for a body
-    whose depth was checked already."""
-    return walk(body, 1 << 30).estimated_tokens
