@@ -37,10 +37,15 @@ RESULTS = ROOT / "bench" / "results" / "agent_body.jsonl"
 CHILD = r"""
 import asyncio, gc, json, sys, time
 routes, body_path, path, n = sys.argv[1:5]
+UNSERVED = 3
 from gateway.settings import Settings
-from gateway.routing.table import parse_table
-from gateway.ops.accesslog import AccessLog
 from gateway.app import build_gateway, create_app
+try:
+    from gateway.routing.table import parse_table
+    from gateway.ops.accesslog import AccessLog
+except ImportError:  # revisions from before the packages (fe992d9 and older)
+    from gateway.table import parse_table
+    from gateway.accesslog import AccessLog
 
 CHAT = json.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
@@ -86,8 +91,10 @@ async def one():
             return {"type": "http.request", "body": body, "more_body": False}
         await asyncio.sleep(3600)
     async def send(message):
+        if message["type"] == "http.response.start" and message["status"] == 404:
+            raise SystemExit(UNSERVED)  # a revision from before this endpoint
         if message["type"] == "http.response.start" and message["status"] != 200:
-            raise SystemExit(f"status {message['status']}")
+            raise SystemExit(f"{path} was answered {message['status']}")
     await app(scope, receive, send)
 
 async def run():
@@ -126,7 +133,11 @@ def bodies(scratch: Path) -> list[tuple[str, str, Path]]:
     return [("claude code, 50 KB", "/v1/messages", agent), ("small chat", "/v1/chat/completions", small)]
 
 
-def measure(python: str, routes: str, body: Path, path: str, requests: int) -> float:
+UNSERVED = 3  # the child's exit status when the revision has no such endpoint (404)
+
+
+def measure(python: str, routes: str, body: Path, path: str, requests: int) -> float | None:
+    """CPU microseconds per request, or None for a revision without the endpoint."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["PYTHONPATH"] = ""  # the contender's own package, not this checkout's
     out = subprocess.run(
@@ -138,8 +149,10 @@ def measure(python: str, routes: str, body: Path, path: str, requests: int) -> f
         cwd="/",
         check=False,
     )
+    if out.returncode == UNSERVED:
+        return None
     if out.returncode != 0:
-        raise SystemExit(f"{python}: {out.stderr.strip()[-2000:]}")
+        raise SystemExit(f"{python} on {path}: {out.stderr.strip()[-2000:]}")
     return float(json.loads(out.stdout.strip().splitlines()[-1])["us"])
 
 
@@ -158,10 +171,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for label, path, body in bodies(Path(scratch)):
             samples: dict[str, list[float]] = {name: [] for name, _ in racers}
+            serving = list(racers)
             for _ in range(args.rounds):
-                for name, python in racers:
-                    samples[name].append(measure(python, routes, body, path, args.requests))
-            medians = {name: statistics.median(values) for name, values in samples.items()}
+                for name, python in list(serving):
+                    cost = measure(python, routes, body, path, args.requests)
+                    if cost is None:
+                        serving.remove((name, python))
+                    else:
+                        samples[name].append(cost)
+            medians = {
+                name: statistics.median(values) if values else None for name, values in samples.items()
+            }
             rows.append((label, medians, samples))
     names = [name for name, _ in racers]
     print(f"CPU per request in process, median of {args.rounds} rounds (lower is better)")
@@ -171,12 +191,17 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as out:
         for label, medians, samples in rows:
-            ratios = [medians["gateway"] / medians[n] for n in names[1:]]
-            cells = " | ".join(f"{medians[n]:.0f} us" for n in names)
-            print(f"| {label} | {cells}" + "".join(f" | {r:.2f}x" for r in ratios) + " |")
+            ours = medians["gateway"]
+            ratios = [_ratio(ours, medians[n]) for n in names[1:]]
+            cells = " | ".join("n/a" if medians[n] is None else f"{medians[n]:.0f} us" for n in names)
+            print(f"| {label} | {cells}" + "".join(f" | {r}" for r in ratios) + " |")
             for name in names:
                 line = {"at": stamp, "body": label, "contender": name, "cpu_us": medians[name]}
                 out.write(json.dumps({**line, "rounds": samples[name]}) + "\n")
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return "-" if ours is None or theirs is None else f"{ours / theirs:.2f}x"
 
 
 if __name__ == "__main__":
