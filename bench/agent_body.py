@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.proxycost.bodies import SMALL_BODY
 from bench.proxycost.revisions import build_all, default_cache
 from bench.proxycost.routes import routes_yaml
 
@@ -36,8 +37,7 @@ RESULTS = ROOT / "bench" / "results" / "agent_body.jsonl"
 # Run in the contender's own interpreter: it imports only that revision's `gateway`.
 CHILD = r"""
 import asyncio, gc, json, sys, time
-routes, body_path, path, n = sys.argv[1:5]
-UNSERVED = 3
+routes, body_path, path, n, unserved = sys.argv[1:6]
 from gateway.settings import Settings
 from gateway.app import build_gateway, create_app
 try:
@@ -92,7 +92,7 @@ async def one():
         await asyncio.sleep(3600)
     async def send(message):
         if message["type"] == "http.response.start" and message["status"] == 404:
-            raise SystemExit(UNSERVED)  # a revision from before this endpoint
+            raise SystemExit(int(unserved))  # a revision from before this endpoint
         if message["type"] == "http.response.start" and message["status"] != 200:
             raise SystemExit(f"{path} was answered {message['status']}")
     await app(scope, receive, send)
@@ -126,8 +126,6 @@ def bodies(scratch: Path) -> list[tuple[str, str, Path]]:
     captured = json.loads(FIXTURE.read_text())["body"]
     agent = scratch / "agent.json"
     agent.write_bytes(json.dumps({**captured, "model": "bench", "stream": False}).encode())
-    from bench.proxycost.bodies import SMALL_BODY
-
     small = scratch / "small.json"
     small.write_bytes(SMALL_BODY)
     return [("claude code, 50 KB", "/v1/messages", agent), ("small chat", "/v1/chat/completions", small)]
@@ -141,7 +139,7 @@ def measure(python: str, routes: str, body: Path, path: str, requests: int) -> f
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["PYTHONPATH"] = ""  # the contender's own package, not this checkout's
     out = subprocess.run(
-        ["taskset", "-c", "0", python, "-c", CHILD, routes, str(body), path, str(requests)],
+        ["taskset", "-c", "0", python, "-c", CHILD, routes, str(body), path, str(requests), str(UNSERVED)],
         capture_output=True,
         text=True,
         timeout=600,
