@@ -147,6 +147,8 @@ class Supervisor:
 
     def unavailable(self, pool: Pool) -> list[str]:
         """Launched replicas of the pool that must not be picked (panic routing included)."""
+        if not self.units:  # a fleet the gateway launches nothing of: asked on every request
+            return []
         return [
             r.name for r in pool.replicas if (u := self.units.get(r.name)) is not None and not _serving(u)
         ]
@@ -212,6 +214,8 @@ class Supervisor:
         has replicas the gateway does not launch); else the seconds spent starting one. `notify`
         hears the seconds waited so far, the first time after LOADING_FIRST, then every
         LOADING_EVERY (a streaming client's `: loading` comments)."""
+        if not self.units:
+            return 0.0
         units = [u for r in pool.replicas if (u := self.units.get(r.name)) is not None]
         if not units or len(units) < len(pool.replicas) or any(_serving(u) for u in units):
             return 0.0

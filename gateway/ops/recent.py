@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.ops.exchange import Exchange
 
@@ -20,10 +20,10 @@ MAX_SAMPLES = 5000
 MAX_WARNINGS = 50
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     """One finished request as the status page counts it: when (monotonic), its preset and replica,
-    whether it succeeded, its time to first token, decode speed and prompt and cached tokens."""
+    whether it succeeded, its time to first token, decode speed and prompt and cached tokens.
+    A named tuple: made on every request, where a frozen dataclass costs three times as much."""
 
     at: float
     preset: str
