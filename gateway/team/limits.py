@@ -6,6 +6,7 @@ request path, so that each speaks about a limit in the same words.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,22 +30,26 @@ class KeyLimits:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
 
-    @property
+    # Read on every request of the key: worked out once per key (a frozen dataclass keeps them
+    # in its __dict__, which `cached_property` writes directly).
+    @functools.cached_property
     def counted(self) -> bool:
         """Whether any window counts for this key (a key without limits costs no bookkeeping)."""
         return self.requests_per_minute is not None or self.tokens
 
-    @property
+    @functools.cached_property
     def tokens(self) -> bool:
         """Whether a token window counts for this key."""
         return self.tokens_per_minute is not None or self.tokens_per_day is not None
 
-    def rates(self) -> list[tuple[RateLimit, int]]:
-        return [
+    @functools.cached_property
+    def rates(self) -> tuple[tuple[RateLimit, int], ...]:
+        """The key's rate limits, each with its allowance, the shortest window first."""
+        return tuple(
             (name, value)
             for name in ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
             if (value := getattr(self, name)) is not None
-        ]
+        )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import contextlib
 import datetime as dt
 import logging
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.errors import Forbidden, RateLimited
@@ -93,18 +92,7 @@ class Team:
         limit = identity.limits.concurrent
         if limit is None:
             return _NOTHING_HELD
-        return self._holding(identity, limit, timeout, queue)
-
-    @contextlib.asynccontextmanager
-    async def _holding(
-        self, identity: Identity, limit: int, timeout: float, queue: int
-    ) -> AsyncIterator[None]:
-        gate = self._gates.setdefault(identity.name, Gate())
-        await gate.enter(identity.name, limit, timeout, queue)
-        try:
-            yield
-        finally:
-            gate.leave()
+        return _Holding(self._gates.setdefault(identity.name, Gate()), identity.name, limit, timeout, queue)
 
     def in_flight(self) -> dict[str, int]:
         return {name: gate.in_flight for name, gate in self._gates.items() if gate.in_flight}
@@ -152,6 +140,23 @@ class Team:
 
 
 _NOTHING_HELD: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+
+
+class _Holding(contextlib.AbstractAsyncContextManager[None]):
+    """One of a key's places, held for the block. A class, not a generator-based context manager:
+    it is entered on every request of a key with a `concurrent` limit, and the generator costs
+    about three times as much."""
+
+    __slots__ = ("gate", "limit", "name", "queue", "timeout")
+
+    def __init__(self, gate: Gate, name: str, limit: int, timeout: float, queue: int) -> None:
+        self.gate, self.name, self.limit, self.timeout, self.queue = gate, name, limit, timeout, queue
+
+    async def __aenter__(self) -> None:
+        await self.gate.enter(self.name, self.limit, self.timeout, self.queue)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.leave()
 
 
 def _presets(per_preset: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

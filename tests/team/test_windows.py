@@ -8,9 +8,11 @@ from collections.abc import Awaitable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.team.limits import KeyLimits, Usage
-from gateway.team.windows import LocalCounters, TokenWindow
+from gateway.team.windows import LocalCounters, TokenWindow, token_retry
 
 PROMPT = 7500  # a coding agent's first turn, roughly
 
@@ -197,3 +199,101 @@ def test_a_settlement_never_leaves_a_bucket_below_zero() -> None:
     assert window.used(1001.0) == 0
     window.add(50, 1001.0)
     assert window.used(1001.0) == 50
+
+
+class PlainWindow:
+    """The rule a token window keeps, written plainly: every bucket inside the window counts, and
+    the window is read afresh on every call."""
+
+    def __init__(self, window: float, width: float) -> None:
+        self.width, self.span = width, round(window / width)
+        self.buckets: dict[int, int] = {}
+
+    def _inside(self, now: float) -> None:
+        oldest = int(now // self.width) - self.span + 1
+        self.buckets = {i: v for i, v in self.buckets.items() if i >= oldest}
+
+    def add(self, tokens: int, now: float) -> int:
+        self._inside(now)
+        index = int(now // self.width)
+        if tokens:
+            self.buckets[index] = self.buckets.get(index, 0) + tokens
+        return index
+
+    def settle(self, index: int, reserved: int, charged: int, now: float) -> None:
+        self._inside(now)
+        if index <= int(now // self.width) - self.span:
+            return
+        value = self.buckets.get(index, 0) + charged - reserved
+        if value > 0:
+            self.buckets[index] = value
+        else:
+            self.buckets.pop(index, None)
+
+    def used(self, now: float) -> int:
+        self._inside(now)
+        return sum(self.buckets.values())
+
+
+# A step: how far the clock moves (mostly forward, within a bucket or across many, now and then
+# back, as a wall clock may), then an admission's reservation, or the settlement of an earlier one.
+STEP = st.tuples(
+    st.one_of(st.floats(0, 3), st.floats(0, 4000), st.floats(-90, 0)),
+    st.booleans(),
+    st.integers(0, 5000),
+    st.integers(0, 50),
+)
+
+
+@pytest.mark.parametrize("shape", [(60.0, 1.0), (86400.0, 60.0)], ids=["minute", "day"])
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(STEP, max_size=80))
+def test_a_window_pruned_once_per_bucket_counts_what_the_plain_rule_counts(
+    shape: tuple[float, float], steps: list[tuple[float, bool, int, int]]
+) -> None:
+    window, plain = TokenWindow(*shape), PlainWindow(*shape)
+    now = 1_800_000_000.0
+    held: list[tuple[int, int]] = []  # (bucket, reserved) of admissions not yet settled
+    for move, admit, tokens, pick in steps:
+        now += move
+        if admit or not held:
+            index = window.add(tokens, now)
+            assert plain.add(tokens, now) == index
+            held.append((index, tokens))
+        else:
+            index, reserved = held.pop(pick % len(held))
+            window.settle(index, reserved, tokens, now)
+            plain.settle(index, reserved, tokens, now)
+        assert window.used(now) == plain.used(now)
+        allowed = max(1, plain.used(now))
+        assert window.retry_after(allowed, now) == pytest.approx(
+            token_retry(plain.buckets.items(), plain.used(now), allowed, window.span, window.width, now)
+        )
+
+
+def test_a_day_of_buckets_is_not_read_again_on_every_request() -> None:
+    """A key busy all day holds 1,440 buckets in its day window; within one bucket's minute,
+    requests add to the sum without reading the others again."""
+    window = TokenWindow(86400.0, 60.0)
+    now = 1_800_000_000.0
+    for _ in range(1440):
+        now += 60
+        window.add(10, now)
+    assert window.used(now) == 14400
+
+    reads = 0
+    buckets = window._buckets
+
+    class Counted(dict[int, int]):
+        def __iter__(self) -> Any:
+            nonlocal reads
+            reads += 1
+            return super().__iter__()
+
+    window._buckets = Counted(buckets)
+    for _ in range(100):
+        now += 0.1
+        index = window.add(10, now)
+        window.settle(index, 10, 12, now)
+        window.used(now)
+    assert reads == 0 and window.used(now) == 14400 + 100 * 12
