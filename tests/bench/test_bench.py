@@ -591,3 +591,19 @@ def test_agent_body_bench_reports_both_bodies_after_every_request_was_answered(t
     for line in lines:
         assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
     assert "| claude code, 50 KB |" in stdout and "| small chat |" in stdout
+
+
+# --- bench.key_windows: a named key's admission and charge, fresh and after a busy day ---------------
+
+
+def test_key_windows_bench_reports_a_fresh_key_and_one_busy_for_a_day(tmp_path: Path) -> None:
+    lines, stdout = run_module(
+        ["bench.key_windows", "--rounds", "1", "--requests", "200"], tmp_path / "keys.jsonl", timeout=120
+    )
+    assert [(line["key"], line["contender"]) for line in lines] == [
+        ("fresh key", "gateway"),
+        ("key busy for a day", "gateway"),
+    ]
+    for line in lines:
+        assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
+    assert "| fresh key |" in stdout and "| key busy for a day |" in stdout
