@@ -43,17 +43,14 @@ class Replica:
     cache: SlotMap = field(default_factory=SlotMap)  # which session holds which slot (fleet/slots.py)
     waiting: int = 0  # session requests queued for this replica alone (pipeline/attempts.py)
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    # The spec's name, URL and engine, read a dozen times per request: copied once, as plain
+    # attributes. A reload hands a replica a new spec only with the same three (Fleet._replica).
+    name: str = field(init=False)
+    url: str = field(init=False)
+    engine: str = field(init=False)
 
-    @property
-    def url(self) -> str:
-        return self.spec.url
-
-    @property
-    def engine(self) -> str:
-        return self.spec.engine
+    def __post_init__(self) -> None:
+        self.name, self.url, self.engine = self.spec.name, self.spec.url, self.spec.engine
 
     def api_key(self) -> str | None:
         # Read at use, so a rotated key in the environment needs no restart; never logged.
