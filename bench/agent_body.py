@@ -11,6 +11,11 @@ small chat body (`POST /v1/chat/completions`). Each contender is this checkout o
 by bench/proxycost/revisions.py (`--against`), in a process of its own pinned to core 0, alternated
 round by round; the result is the median CPU time per request and each revision's ratio.
 
+`--instructions` counts instead the instructions each request executes, under valgrind's callgrind
+(instrumentation switched on only around the measured requests): slow (each contender takes a few
+seconds per body under valgrind), but the same count on every run of the same code, where CPU time
+on a shared machine moves by 10-20 % from one run to the next. One round is enough.
+
 Results: a table on stdout and JSON lines appended to bench/results/agent_body.jsonl (or --out).
 """
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench.proxycost.bodies import SMALL_BODY
+from bench.proxycost.host import terminate_cleanly
 from bench.proxycost.revisions import build_all, default_cache
 from bench.proxycost.routes import routes_yaml
 
@@ -37,7 +45,8 @@ RESULTS = ROOT / "bench" / "results" / "agent_body.jsonl"
 # Run in the contender's own interpreter: it imports only that revision's `gateway`.
 CHILD = r"""
 import asyncio, gc, json, sys, time
-routes, body_path, path, n, unserved = sys.argv[1:6]
+routes, body_path, path, n, unserved, counting = sys.argv[1:7]
+counting = counting == "instructions"
 from gateway.settings import Settings
 from gateway.app import build_gateway, create_app
 try:
@@ -97,16 +106,26 @@ async def one():
             raise SystemExit(f"{path} was answered {message['status']}")
     await app(scope, receive, send)
 
+def instrument(state):
+    # callgrind counts only while instrumentation is on (valgrind --instr-atstart=no)
+    import os, subprocess
+    subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], capture_output=True, check=True)
+
 async def run():
     for _ in range(200):
         await one()
     gc.collect(); gc.freeze(); gc.set_threshold(20_000, 20, 20)  # as the gateway's server does
+    if counting:
+        instrument("on")
     start = time.process_time()
     async def worker(count):
         for _ in range(count):
             await one()
     await asyncio.gather(*(worker(int(n) // 16) for _ in range(16)))
-    print(json.dumps({"us": (time.process_time() - start) / (int(n) // 16 * 16) * 1e6}))
+    elapsed = time.process_time() - start
+    if counting:
+        instrument("off")
+    print(json.dumps({"us": elapsed / (int(n) // 16 * 16) * 1e6, "requests": int(n) // 16 * 16}))
 
 import uvloop
 uvloop.run(run())
@@ -134,24 +153,41 @@ def bodies(scratch: Path) -> list[tuple[str, str, Path]]:
 UNSERVED = 3  # the child's exit status when the revision has no such endpoint (404)
 
 
-def measure(python: str, routes: str, body: Path, path: str, requests: int) -> float | None:
-    """CPU microseconds per request, or None for a revision without the endpoint."""
+def measure(
+    python: str, routes: str, body: Path, path: str, requests: int, instructions: bool = False
+) -> float | None:
+    """CPU microseconds per request (or, with `instructions`, instructions per request), or None for
+    a revision without the endpoint."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["PYTHONPATH"] = ""  # the contender's own package, not this checkout's
-    out = subprocess.run(
-        ["taskset", "-c", "0", python, "-c", CHILD, routes, str(body), path, str(requests), str(UNSERVED)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd="/",
-        check=False,
-    )
+    env["PYTHONHASHSEED"] = "0"  # the same dict and set layouts on every run: the same count
+    child = [python, "-c", CHILD, routes, str(body), path, str(requests), str(UNSERVED)]
+    with tempfile.TemporaryDirectory() as scratch:
+        if instructions:
+            out_file = str(Path(scratch) / "callgrind.out")
+            valgrind = [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out_file}",
+            ]
+            command = [*valgrind, *child, "instructions"]
+        else:
+            command = ["taskset", "-c", "0", *child, "time"]
+        out = subprocess.run(
+            command, capture_output=True, text=True, timeout=1800, env=env, cwd="/", check=False
+        )
     if out.returncode == UNSERVED:
         return None
     if out.returncode != 0:
         raise SystemExit(f"{python} on {path}: {out.stderr.strip()[-2000:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["us"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not instructions:
+        return float(result["us"])
+    collected = re.search(r"Collected : (\d+)", out.stderr)
+    if collected is None:
+        raise SystemExit(f"{python} on {path}: no instruction count from callgrind: {out.stderr[-2000:]}")
+    return int(collected.group(1)) / int(result["requests"])
 
 
 def main() -> None:
@@ -162,7 +198,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=3200, help="per round and contender")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions under valgrind instead of CPU time"
+    )
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
     routes = routes_yaml(18999, 18997)  # no socket is opened: the upstream client answers in process
     racers = contenders(args.against)
     rows = []
@@ -172,7 +213,7 @@ def main() -> None:
             serving = list(racers)
             for _ in range(args.rounds):
                 for name, python in list(serving):
-                    cost = measure(python, routes, body, path, args.requests)
+                    cost = measure(python, routes, body, path, args.requests, args.instructions)
                     if cost is None:
                         serving.remove((name, python))
                     else:
@@ -182,7 +223,8 @@ def main() -> None:
             }
             rows.append((label, medians, samples))
     names = [name for name, _ in racers]
-    print(f"CPU per request in process, median of {args.rounds} rounds (lower is better)")
+    what = "Instructions" if args.instructions else "CPU"
+    print(f"{what} per request in process, median of {args.rounds} rounds (lower is better)")
     print("| body | " + " | ".join(names) + "".join(f" | gw / {n[8:]}" for n in names[1:]) + " |")
     print("|---" * (len(names) * 2) + "|")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -191,10 +233,12 @@ def main() -> None:
         for label, medians, samples in rows:
             ours = medians["gateway"]
             ratios = [_ratio(ours, medians[n]) for n in names[1:]]
-            cells = " | ".join("n/a" if medians[n] is None else f"{medians[n]:.0f} us" for n in names)
+            unit = "" if args.instructions else " us"
+            cells = " | ".join("n/a" if medians[n] is None else f"{medians[n]:,.0f}{unit}" for n in names)
             print(f"| {label} | {cells}" + "".join(f" | {r}" for r in ratios) + " |")
             for name in names:
-                line = {"at": stamp, "body": label, "contender": name, "cpu_us": medians[name]}
+                figure = "instructions" if args.instructions else "cpu_us"
+                line = {"at": stamp, "body": label, "contender": name, figure: medians[name]}
                 out.write(json.dumps({**line, "rounds": samples[name]}) + "\n")
 
 
@@ -203,4 +247,5 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    with terminate_cleanly():  # a child measuring when SIGTERM comes is killed by subprocess.run
+        main()

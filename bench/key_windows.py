@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.agent_body import contenders
+from bench.proxycost.host import terminate_cleanly
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "key_windows.jsonl"
@@ -132,4 +133,5 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    with terminate_cleanly():  # a child measuring when SIGTERM comes is killed by subprocess.run
+        main()

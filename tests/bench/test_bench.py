@@ -607,3 +607,18 @@ def test_key_windows_bench_reports_a_fresh_key_and_one_busy_for_a_day(tmp_path: 
     for line in lines:
         assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
     assert "| fresh key |" in stdout and "| key busy for a day |" in stdout
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions counts under valgrind")
+def test_agent_body_bench_counts_instructions_for_both_bodies(tmp_path: Path) -> None:
+    lines, stdout = run_module(
+        ["bench.agent_body", "--instructions", "--rounds", "1", "--requests", "32"],
+        tmp_path / "body.jsonl",
+        timeout=600,
+    )
+    assert {line["body"] for line in lines} == {"claude code, 50 KB", "small chat"}
+    by_body = {line["body"]: line["instructions"] for line in lines}
+    # A request is hundreds of thousands of instructions: far more than the toggling of the count.
+    assert all(count > 100_000 for count in by_body.values())
+    assert by_body["claude code, 50 KB"] > by_body["small chat"]
+    assert stdout.startswith("Instructions per request")
