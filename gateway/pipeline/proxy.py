@@ -96,6 +96,7 @@ class Proxy:
         )
         self.frame = Frame(context, self.budget)
         self.prefixes = PrefixStep()
+        self.schemas = tool_schemas.CleanLists()  # tool lists known to need no fix
         self.tool_images = ToolImages(context.describe)
         self.stored = StoredResponses(per_owner=context.settings.stored_per_key)
 
@@ -182,7 +183,7 @@ class Proxy:
         """Rewrite, prefix, attempts and relay, for one preset."""
         ex, endpoint = call.ex, call.endpoint
         table = self.ctx.fleet().table
-        plan = rewrite(call.body, preset, endpoint, want_usage=True)
+        plan = rewrite(call.body, preset, endpoint, want_usage=True, schemas=self.schemas)
         if "tool_images" in preset.compat:
             plan.notes += await self.tool_images.apply(
                 plan.body, call.blobs, vision=preset.vision, can_describe=table.images is not None

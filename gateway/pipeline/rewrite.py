@@ -73,9 +73,17 @@ def check_request(body: dict[str, Any], endpoint: Endpoint | str) -> None:
                 raise BadRequest(f"'{key}' must be a positive integer", param=key)
 
 
-def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *, want_usage: bool) -> Plan:
+def rewrite(
+    request: dict[str, Any],
+    preset: Preset,
+    endpoint: Endpoint | str,
+    *,
+    want_usage: bool,
+    schemas: tool_schemas.CleanLists | None = None,
+) -> Plan:
     """Apply the preset to a checked body; `request` itself is left as it is (copy-on-write).
-    Idempotent: a second pass changes nothing."""
+    Idempotent: a second pass changes nothing. `schemas`: the request path's tool lists known to
+    need no fix (the same plan with or without them)."""
     spec = _endpoint(endpoint)
     dialect = spec.dialect
     body = dict(request)
@@ -89,7 +97,7 @@ def rewrite(request: dict[str, Any], preset: Preset, endpoint: Endpoint | str, *
     body["model"] = preset.served_model
     plan.notes += dialect.fixes(body, preset.compat, plan.changes)
     if "tool_schemas" in preset.compat:
-        plan.notes += tool_schemas.fix(body, preset.engines)
+        plan.notes += tool_schemas.fix(body, preset.engines, schemas)
     if spec.thinks:
         plan.notes += dialect.thinking(body, preset.thinking, preset.thinking_override)
     if spec.budget:

@@ -152,6 +152,65 @@ def test_a_schema_too_large_to_walk_is_left_as_it_came() -> None:
     assert isinstance(body["tools"], list)
 
 
+def test_a_tool_list_that_needed_nothing_is_not_walked_again() -> None:
+    body = captured("claude-code-messages.json")
+    known = tool_schemas.CleanLists()
+    walks = 0
+    clean = tool_schemas._clean
+
+    def counted(*args: Any) -> Any:
+        nonlocal walks
+        walks += 1
+        return clean(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tool_schemas, "_clean", counted)
+        for _ in range(3):
+            sent = dict(body)
+            assert fix(sent, ["llamacpp"], known) == [] and sent["tools"] is body["tools"]
+        first = walks
+        # The same list sent again, as another request parses it: equal, not the same objects.
+        assert fix(copy.deepcopy(body), ["llamacpp"], known) == []
+    assert first > 0 and walks == first and len(known) == 1  # walked on the first request only
+
+
+def test_a_tool_list_the_fix_changes_is_fixed_on_every_request() -> None:
+    known = tool_schemas.CleanLists()
+    for _ in range(2):
+        body = {"tools": [chat_tool("t", prop(type="string", minLength=9000))]}
+        assert fix(body, ["llamacpp"], known) == [("tool_schemas", "keywords_removed=1")]
+        assert body["tools"][0]["function"]["parameters"] == prop(type="string")
+    assert len(known) == 0
+
+
+def test_a_list_known_clean_for_llama_server_alone_is_checked_again_with_vllm_beside_it() -> None:
+    # vLLM compiles strict tools, so the same list may need its fix once vLLM is among the engines.
+    known = tool_schemas.CleanLists()
+    tools = [chat_tool("t", prop(type="object", minProperties=1), strict=True)]
+    assert fix({"tools": tools}, ["llamacpp"], known) == []
+    body = {"tools": tools}
+    assert fix(body, ["llamacpp", "vllm"], known) == [("tool_schemas", "keywords_removed=1")]
+
+
+@pytest.mark.parametrize(
+    "name", ["claude-code-messages.json", "codex-responses.json", "codex-responses-tool-output.json"]
+)
+def test_with_known_lists_every_fix_is_the_fix_without(name: str) -> None:
+    lists = [
+        captured(name)["tools"],
+        [chat_tool("t", prop(type="string", minLength=9000)), chat_tool("u", prop(type="string"))],
+        [chat_tool("t", prop(type="string", pattern=r"^\p{L}+$"), strict=True)],
+    ]
+    known = tool_schemas.CleanLists(size=2)  # small: lists leave it and come back
+    for _ in range(3):
+        for tools in lists:
+            for engines in (["llamacpp"], ["vllm"], ["llamacpp", "vllm"]):
+                plain, remembered = {"tools": copy.deepcopy(tools)}, {"tools": copy.deepcopy(tools)}
+                assert fix(plain, engines) == fix(remembered, engines, known)
+                assert orjson.dumps(plain) == orjson.dumps(remembered)
+    assert len(known) <= 2
+
+
 def test_reading_patterns() -> None:
     assert read_pattern(r"^\d{4}-\d{2}$").valid
     assert read_pattern(r"^[^\]]+$").valid
