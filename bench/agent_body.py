@@ -1,19 +1,21 @@
 """What the gateway's own steps cost on an agent's request, against other revisions.
 
-    python -m bench.agent_body [--against REV ...] [--rounds N] [--requests N] [--out FILE]
+    python -m bench.agent_body [--against REV ...] [--rounds N] [--requests N] [--instructions]
+                               [--out FILE]
 
 `bench.gateway` measures the gateway with a small chat body; an agent's request is 20-70k tokens,
 and the steps that read the whole body (parse, depth, estimate, prefix fingerprint, encode) cost in
 proportion to it. This runs the gateway's ASGI app in process, with an upstream client that answers
-at once (no sockets, no server: what is left is the gateway's own Python), on two bodies: the
-captured Claude Code request of tests/fixtures/agents (50 KB, `POST /v1/messages`) and the bench's
-small chat body (`POST /v1/chat/completions`). Each contender is this checkout or a revision built
+at once (no sockets, no server: what is left is the gateway's own Python), in three cases: the
+captured Claude Code request of tests/fixtures/agents (50 KB, `POST /v1/messages`) to a vLLM replica
+and to a llama-server one (which the gateway asks for a stream and whose tool schemas it fixes), and
+the bench's small chat body (`POST /v1/chat/completions`). Each contender is this checkout or a revision built
 by bench/proxycost/revisions.py (`--against`), in a process of its own pinned to core 0, alternated
 round by round; the result is the median CPU time per request and each revision's ratio.
 
 `--instructions` counts instead the instructions each request executes, under valgrind's callgrind
 (instrumentation switched on only around the measured requests): slow (each contender takes a few
-seconds per body under valgrind), but the same count on every run of the same code, where CPU time
+seconds per case under valgrind), but the same count on every run of the same code, where CPU time
 on a shared machine moves by 10-20 % from one run to the next. One round is enough.
 
 Results: a table on stdout and JSON lines appended to bench/results/agent_body.jsonl (or --out).
@@ -63,18 +65,35 @@ MESSAGE = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "mo
     "content": [{"type": "text", "text": "hello"}], "stop_reason": "end_turn", "stop_sequence": None,
     "usage": {"input_tokens": 12, "output_tokens": 3}}).encode()
 ANSWER = MESSAGE if path == "/v1/messages" else CHAT
+# What llama-server streams for a Messages request: the gateway asks it for whole answers as a stream.
+EVENTS = [
+    {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "m", "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 0}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": 3}},
+    {"type": "message_stop"},
+]
+STREAM = b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode()) for e in EVENTS)
 
 class Answer:
     status = 200
-    headers = {"content-type": "application/json"}
+    def __init__(self, stream):
+        self.stream = stream
+        self.headers = {"content-type": "text/event-stream" if stream else "application/json"}
     async def read(self, limit=None):
-        return ANSWER
+        return STREAM if self.stream else ANSWER
+    async def chunks(self):
+        yield STREAM if self.stream else ANSWER
     async def close(self):
         pass
 
 class Instant:
     async def send(self, url, headers, body, timeouts, method="POST"):
-        return Answer()
+        return Answer(b'"stream":true' in body)
     async def get(self, url, headers, timeout):
         return 200, b"{}"
     async def aclose(self):
@@ -140,14 +159,23 @@ def contenders(revs: list[str]) -> list[tuple[str, str]]:
     return found
 
 
-def bodies(scratch: Path) -> list[tuple[str, str, Path]]:
-    """(name, path, file) of the two bodies."""
+def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
+    """(name, path, file, routes) of each case: the agent's body to a vLLM replica and to a
+    llama-server one (whose tool schemas the gateway fixes, and which it asks for a stream), and the
+    small chat body."""
     captured = json.loads(FIXTURE.read_text())["body"]
     agent = scratch / "agent.json"
     agent.write_bytes(json.dumps({**captured, "model": "bench", "stream": False}).encode())
     small = scratch / "small.json"
     small.write_bytes(SMALL_BODY)
-    return [("claude code, 50 KB", "/v1/messages", agent), ("small chat", "/v1/chat/completions", small)]
+    # No socket is opened: the upstream client answers in process.
+    vllm = routes_yaml(18999, 18997)
+    llamacpp = vllm.replace('"engine": "vllm"', '"engine": "llamacpp"')
+    return [
+        ("claude code, 50 KB", "/v1/messages", agent, vllm),
+        ("claude code, 50 KB, llama.cpp", "/v1/messages", agent, llamacpp),
+        ("small chat", "/v1/chat/completions", small, vllm),
+    ]
 
 
 UNSERVED = 3  # the child's exit status when the revision has no such endpoint (404)
@@ -204,11 +232,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
-    routes = routes_yaml(18999, 18997)  # no socket is opened: the upstream client answers in process
     racers = contenders(args.against)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for label, path, body in bodies(Path(scratch)):
+        for label, path, body, routes in bodies(Path(scratch)):
             samples: dict[str, list[float]] = {name: [] for name, _ in racers}
             serving = list(racers)
             for _ in range(args.rounds):

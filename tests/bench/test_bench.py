@@ -579,18 +579,20 @@ def test_team_bench_reports_both_measures(tmp_path: Path) -> None:
 # --- bench.agent_body: the gateway's own steps on a captured agent request, in process -------------
 
 
-def test_agent_body_bench_reports_both_bodies_after_every_request_was_answered(tmp_path: Path) -> None:
+def test_agent_body_bench_reports_every_case_after_every_request_was_answered(tmp_path: Path) -> None:
     # A request answered with any status but 200 stops the benchmark (exit status 1).
     lines, stdout = run_module(
         ["bench.agent_body", "--rounds", "1", "--requests", "32"], tmp_path / "body.jsonl", timeout=120
     )
     assert {(line["body"], line["contender"]) for line in lines} == {
         ("claude code, 50 KB", "gateway"),
+        ("claude code, 50 KB, llama.cpp", "gateway"),
         ("small chat", "gateway"),
     }
     for line in lines:
         assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
-    assert "| claude code, 50 KB |" in stdout and "| small chat |" in stdout
+    assert "| claude code, 50 KB |" in stdout and "| claude code, 50 KB, llama.cpp |" in stdout
+    assert "| small chat |" in stdout
 
 
 # --- bench.key_windows: a named key's admission and charge, fresh and after a busy day ---------------
@@ -610,13 +612,17 @@ def test_key_windows_bench_reports_a_fresh_key_and_one_busy_for_a_day(tmp_path: 
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions counts under valgrind")
-def test_agent_body_bench_counts_instructions_for_both_bodies(tmp_path: Path) -> None:
+def test_agent_body_bench_counts_instructions_for_every_case(tmp_path: Path) -> None:
     lines, stdout = run_module(
         ["bench.agent_body", "--instructions", "--rounds", "1", "--requests", "32"],
         tmp_path / "body.jsonl",
         timeout=600,
     )
-    assert {line["body"] for line in lines} == {"claude code, 50 KB", "small chat"}
+    assert {line["body"] for line in lines} == {
+        "claude code, 50 KB",
+        "claude code, 50 KB, llama.cpp",
+        "small chat",
+    }
     by_body = {line["body"]: line["instructions"] for line in lines}
     # A request is hundreds of thousands of instructions: far more than the toggling of the count.
     assert all(count > 100_000 for count in by_body.values())
