@@ -16,7 +16,7 @@ import orjson
 
 from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
 from gateway.pipeline.blobs import Blobs, set_aside
-from gateway.pipeline.walk import walk
+from gateway.pipeline.walk import KnownTools, walk
 from gateway.settings import Settings
 from gateway.types import Receive
 
@@ -44,12 +44,15 @@ async def read_request(
     return decompress(raw, encoding, settings.max_body_bytes)
 
 
-async def parse(raw: bytes | bytearray, settings: Settings) -> tuple[dict[str, Any], Blobs, int]:
+async def parse(
+    raw: bytes | bytearray, settings: Settings, known: KnownTools | None = None
+) -> tuple[dict[str, Any], Blobs, int]:
     """The body as a JSON object, its long strings set aside, and its prompt tokens as estimated
-    (walk.py); large bodies on a worker thread."""
+    (walk.py, with the tool lists read before: `known`); large bodies on a worker thread, which
+    reads them whole (the cache belongs to the event loop's thread)."""
     if len(raw) > settings.offload_bytes:
         return await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
-    body, tokens = read_object(raw, settings.max_json_depth)
+    body, tokens = read_object(raw, settings.max_json_depth, known)
     return body, Blobs(), tokens
 
 
@@ -196,7 +199,9 @@ def _exact_int(text: str) -> int | orjson.Fragment:
     return value if value in INT_RANGE else orjson.Fragment(text)
 
 
-def read_object(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], int]:
+def read_object(
+    raw: bytes | bytearray, max_depth: int, known: KnownTools | None = None
+) -> tuple[dict[str, Any], int]:
     """The body as a JSON object within the depth limit, and its prompt tokens as estimated."""
     if not raw:
         raise BadRequest("The request body is empty; send a JSON object", code="invalid_json")
@@ -206,7 +211,7 @@ def read_object(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any],
         raise BadRequest(f"The request body is not valid JSON: {_reason(exc)}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object", code="invalid_json")
-    facts = walk(body, max_depth)
+    facts = walk(body, max_depth, known)
     if facts.too_deep:
         raise BadRequest(f"The request body is nested deeper than {max_depth} levels", code="json_too_deep")
     # Only a body that holds such a float can have had an integer orjson could not hold: its

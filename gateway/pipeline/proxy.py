@@ -42,6 +42,7 @@ from gateway.pipeline.server_rounds import serve_rounds
 from gateway.pipeline.session import session_of
 from gateway.pipeline.tokens import prompt_tokens, reservation
 from gateway.pipeline.tool_images import ToolImages
+from gateway.pipeline.walk import KnownTools
 from gateway.relay.keepalive import KeepAlive
 from gateway.relay.replica_errors import ERROR_BODY_LIMIT, relay_replica_error
 from gateway.relay.respond import Responder
@@ -97,6 +98,7 @@ class Proxy:
         self.frame = Frame(context, self.budget)
         self.prefixes = PrefixStep()
         self.schemas = tool_schemas.CleanLists()  # tool lists known to need no fix
+        self.known_tools = KnownTools()  # what the body's walk found in tool lists it read before
         self.tool_images = ToolImages(context.describe)
         self.stored = StoredResponses(per_owner=context.settings.stored_per_key)
 
@@ -131,7 +133,7 @@ class Proxy:
         responder: Responder,
     ) -> None:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
-        body, blobs, tokens = await parse(raw, settings)
+        body, blobs, tokens = await parse(raw, settings, self.known_tools)
         check_request(body, endpoint)
         self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True

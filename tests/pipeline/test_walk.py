@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, walk
+from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, KnownTools, walk
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"
 
@@ -189,3 +189,73 @@ def test_a_long_list_that_is_not_only_numbers_is_walked_element_by_element(tail:
     assert facts.prompt_chars == rule(body)
     assert facts.big_float is any(type(v) is float and abs(v) >= 2.0**63 for v in tail)
     assert walk(body, depth_of(body) - 1).too_deep
+
+
+# --- tool lists read before ------------------------------------------------------------------------
+
+
+def agreed(body: dict[str, Any], max_depth: int, known: KnownTools) -> None:
+    """The walk with the known tool lists says what the plain walk says: whether too deep always,
+    the rest when it is not (a body too deep is refused whatever else the walk found)."""
+    plain, remembered = walk(body, max_depth), walk(body, max_depth, known)
+    assert remembered.too_deep is plain.too_deep
+    if not plain.too_deep:
+        assert remembered == plain
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in FIXTURES.glob("*.json") if p.stem != "codex-models-request"),
+    ids=lambda p: p.stem,
+)
+def test_a_captured_agent_request_walked_with_its_tools_known_says_what_the_walk_says(path: Path) -> None:
+    captured = json.loads(path.read_text())
+    raw = orjson.dumps(captured.get("body", captured))
+    known = KnownTools()
+    depth = depth_of(orjson.loads(raw))
+    for limit in (64, depth, depth - 1):
+        for _ in range(2):  # the second time from what the first remembered, on a body parsed again
+            agreed(orjson.loads(raw), limit, known)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from([*PROMPT_KEYS, "model", "metadata"]), JSON, max_size=5),
+    st.lists(JSON, min_size=1, max_size=4),
+)
+def test_any_body_walked_with_its_tools_known_says_what_the_walk_says(
+    body: dict[str, Any], tools: list[Any]
+) -> None:
+    body = orjson.loads(orjson.dumps({**body, "tools": tools}))  # the exact types a parser makes
+    known = KnownTools()
+    depth = depth_of(body)
+    for limit in {64, depth, max(2, depth - 1)}:
+        agreed(body, limit, known)
+        agreed(orjson.loads(orjson.dumps(body)), limit, known)
+
+
+def test_a_tool_list_is_remembered_once_and_another_beside_it() -> None:
+    known = KnownTools()
+    first = {"messages": [{"content": "hi"}], "tools": [{"name": "read", "description": "d" * 400}]}
+    for _ in range(3):
+        walk(orjson.loads(orjson.dumps(first)), 64, known)
+    assert len(known) == 1
+    walk({**first, "tools": [{"name": "write", "description": "e" * 400}]}, 64, known)
+    assert len(known) == 2
+
+
+def test_the_known_lists_are_bounded() -> None:
+    known = KnownTools(size=3)
+    for index in range(10):
+        walk({"tools": [{"name": f"tool{index}"}]}, 64, known)
+    assert len(known) == 3
+
+
+def test_a_tool_list_deeper_than_orjson_writes_is_walked_and_not_remembered() -> None:
+    deep: Any = "leaf"
+    for _ in range(300):  # orjson writes at most 255 levels
+        deep = [deep]
+    body = {"tools": [deep]}
+    known = KnownTools()
+    assert walk(body, 1000, known) == walk(body, 1000)
+    assert walk(body, 64, known).too_deep and len(known) == 0
