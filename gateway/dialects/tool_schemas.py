@@ -26,6 +26,7 @@ failing tool (see there) and the request is sent once more without constraints o
 
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -287,54 +288,66 @@ def _strict(holder: dict[str, Any]) -> bool:
 
 
 class CleanLists:
-    """Tool lists known to need nothing removed for llama-server, by a digest of their JSON,
+    """Tool lists known to need nothing removed, by the engines and a digest of their JSON,
     LRU-bounded.
 
-    An agent sends the same tool list on every turn, and llama-server's rule walks every schema of it:
-    about 150-270 us per Claude Code request (twelve tools, 32 KB), where serialising and hashing the
-    list costs about 17. The fix is a function of the list's JSON and the engines, so a list whose
-    walk removed nothing needs no walk the next time; a list that does change is worked out again
-    each time. A digest that collides could only spare the sender's own list its fix, and the
-    engine's refusal then gets the one retry without constraints."""
+    An agent sends the same tool list on every turn, and llama-server's rule walks every schema of
+    it: about 150-270 us per Claude Code request (twelve tools, 32 KB). The fix is a function of the
+    list's JSON and the engines, so a list whose walk removed nothing needs no walk the next time; a
+    list that does change is worked out again each time. The JSON is the one the body's walk made
+    (`ToolsJson`), or made here for llama-server's rule, where it costs a tenth of the walk. The
+    digest is seeded per process; a collision could only spare the sender's own list its fix, and
+    the engine's refusal then gets the one retry without constraints."""
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
-        self._seen: OrderedDict[tuple[bool, bytes], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[bool, bool, bytes], None] = OrderedDict()
+        self._seed = int.from_bytes(os.urandom(8), "little")
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    @staticmethod
-    def key(tools: list[Any], vllm: bool) -> tuple[bool, bytes] | None:
-        try:
-            return vllm, xxhash.xxh3_128_digest(orjson.dumps(tools))
-        except orjson.JSONEncodeError:  # an integer past 64 bits: walked, as without the verdicts
-            return None
+    def key(self, tools: list[Any], kinds: set[str], data: bytes | None) -> tuple[bool, bool, bytes] | None:
+        if data is None:
+            try:
+                data = orjson.dumps(tools)
+            except orjson.JSONEncodeError:  # an integer past 64 bits: walked, as without the verdicts
+                return None
+        return LLAMACPP in kinds, VLLM in kinds, xxhash.xxh3_128_digest(data, self._seed)
 
-    def holds(self, key: tuple[bool, bytes]) -> bool:
+    def holds(self, key: tuple[bool, bool, bytes]) -> bool:
         if key not in self._seen:
             return False
         self._seen.move_to_end(key)
         return True
 
-    def add(self, key: tuple[bool, bytes]) -> None:
+    def add(self, key: tuple[bool, bool, bytes]) -> None:
         self._seen[key] = None
         if len(self._seen) > self.size:
             self._seen.popitem(last=False)
 
 
-def fix(body: dict[str, Any], engines: Iterable[str], known: CleanLists | None = None) -> list[Note]:
+def fix(
+    body: dict[str, Any],
+    engines: Iterable[str],
+    known: CleanLists | None = None,
+    data: bytes | None = None,
+) -> list[Note]:
     """The `tool_schemas` fix: removes from each tool's schema the keywords the preset's engines
     cannot compile (the module docstring lists them). Copy-on-write; a list that needs nothing keeps
-    its bytes. `known`: the request path's lists that needed nothing (for llama-server's rule, the
-    one that walks every schema)."""
+    its bytes. `known`: the request path's lists that needed nothing; `data`: the list's JSON,
+    where the body's walk made it (pipeline/walk.py)."""
     tools = body.get("tools")
     kinds = set(engines)
     if not isinstance(tools, list) or not kinds & {LLAMACPP, VLLM}:
         return []
-    seen = CleanLists.key(tools, VLLM in kinds) if known is not None and LLAMACPP in kinds else None
-    if seen is not None and known is not None and known.holds(seen):
-        return []
+    seen = None
+    # Without the walk's JSON, serialising the list is worth it only for llama-server's rule: vLLM's
+    # walks strict tools alone, and reading the list for them costs what serialising it does.
+    if known is not None and (data is not None or LLAMACPP in kinds):
+        seen = known.key(tools, kinds, data)
+        if seen is not None and known.holds(seen):
+            return []
     out: list[Any] | None = None
     dropped: list[str] = []
     budget = _Budget()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from gateway.errors import BadRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
 from gateway.pipeline.blobs import Blobs, set_aside
-from gateway.pipeline.walk import KnownTools, walk
+from gateway.pipeline.walk import BodyFacts, KnownTools, ToolsJson, walk
 from gateway.settings import Settings
 from gateway.types import Receive
 
@@ -44,16 +44,22 @@ async def read_request(
     return decompress(raw, encoding, settings.max_body_bytes)
 
 
-async def parse(
-    raw: bytes | bytearray, settings: Settings, known: KnownTools | None = None
-) -> tuple[dict[str, Any], Blobs, int]:
-    """The body as a JSON object, its long strings set aside, and its prompt tokens as estimated
-    (walk.py, with the tool lists read before: `known`); large bodies on a worker thread, which
-    reads them whole (the cache belongs to the event loop's thread)."""
+class Parsed(NamedTuple):
+    body: dict[str, Any]
+    blobs: Blobs  # long strings set aside (large bodies)
+    tokens: int  # the prompt's tokens as estimated (walk.py)
+    tools_json: ToolsJson | None  # the body's tool list as the walk serialised it, if it did
+
+
+async def parse(raw: bytes | bytearray, settings: Settings, known: KnownTools | None = None) -> Parsed:
+    """The body as a JSON object, its long strings set aside, its prompt tokens as estimated (walk.py,
+    with the tool lists read before: `known`) and its tool list's JSON; large bodies on a worker
+    thread, which reads them whole (the cache belongs to the event loop's thread)."""
     if len(raw) > settings.offload_bytes:
-        return await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
-    body, tokens = read_object(raw, settings.max_json_depth, known)
-    return body, Blobs(), tokens
+        body, blobs, tokens = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
+        return Parsed(body, blobs, tokens, None)
+    body, facts = read_walked(raw, settings.max_json_depth, known)
+    return Parsed(body, Blobs(), facts.estimated_tokens, facts.tools_json)
 
 
 async def read_body(
@@ -199,10 +205,16 @@ def _exact_int(text: str) -> int | orjson.Fragment:
     return value if value in INT_RANGE else orjson.Fragment(text)
 
 
-def read_object(
-    raw: bytes | bytearray, max_depth: int, known: KnownTools | None = None
-) -> tuple[dict[str, Any], int]:
+def read_object(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], int]:
     """The body as a JSON object within the depth limit, and its prompt tokens as estimated."""
+    body, facts = read_walked(raw, max_depth)
+    return body, facts.estimated_tokens
+
+
+def read_walked(
+    raw: bytes | bytearray, max_depth: int, known: KnownTools | None = None
+) -> tuple[dict[str, Any], BodyFacts]:
+    """The body as a JSON object within the depth limit, and what its walk found."""
     if not raw:
         raise BadRequest("The request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -217,8 +229,9 @@ def read_object(
     # Only a body that holds such a float can have had an integer orjson could not hold: its
     # digits are looked for, and found ones parsed again, exactly (the values are the same).
     if facts.big_float and long_digits(raw):
+        # New objects: the tool list's JSON stays with the list it was made of, not this one.
         body = json.loads(raw, parse_int=_exact_int)
-    return body, facts.estimated_tokens
+    return body, facts
 
 
 def parse_large(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any], Blobs, int]:

@@ -27,6 +27,7 @@ import orjson
 import xxhash
 
 from gateway.ops.exchange import Exchange
+from gateway.pipeline.walk import ToolsJson
 from gateway.routing.balancer import POLICIES
 from gateway.routing.table import Preset
 
@@ -183,6 +184,7 @@ def apply(
     cache: VolatileCache,
     session: str | None,
     keyed: bool = True,
+    tools_json: ToolsJson | None = None,
 ) -> PrefixReport:
     """Detect (and for move/strip, cut) volatile spans; then fingerprint the prefix and key the session."""
     report = PrefixReport()
@@ -219,9 +221,11 @@ def apply(
         messages = view.set(last_user, _append(messages[last_user], "[" + "; ".join(report.moved) + "]"))
     if mode != "move":
         report.moved = []
-    report.fingerprint = fingerprint(preset, [messages[i] for i in leading], body.get("tools"))
+    tools = body.get("tools")
+    listed = tools_json.of(tools) if tools_json is not None else None
+    report.fingerprint = fingerprint(preset, [messages[i] for i in leading], tools, listed)
     report.template = (
-        fingerprint(preset, [masked.get(i, messages[i]) for i in leading], body.get("tools"))
+        fingerprint(preset, [masked.get(i, messages[i]) for i in leading], tools, listed)
         if masked
         else report.fingerprint
     )
@@ -276,18 +280,19 @@ class _View:
         self.body[self.key] = self.messages[1:]
 
 
-def fingerprint(preset: str, system: list[Any], tools: Any) -> str:
+def fingerprint(preset: str, system: list[Any], tools: Any, tools_data: bytes | None = None) -> str:
     """A short, stable hash of what should not change between a client's calls.
 
     XXH3, not a cryptographic hash: the fingerprint only says whether a client's prefix changed
     (the churn metric, one warning per prompt), and nothing is decided by it that a forged
     collision could turn. It hashes an agent's system prompt and tools (40 KB) in about 1 us, where
-    SHA-256 took 26 with the CPU's SHA instructions; serialising them is the rest of its cost."""
+    SHA-256 took 26 with the CPU's SHA instructions; serialising them is the rest of its cost, and
+    `tools_data` is the tools' JSON where the body's walk made it already."""
     digest = xxhash.xxh3_128(preset.encode())
     for message in system:
         digest.update(orjson.dumps(message))
     if tools is not None:
-        digest.update(orjson.dumps(tools))
+        digest.update(orjson.dumps(tools) if tools_data is None else tools_data)
     return digest.hexdigest()[:12]
 
 
@@ -450,11 +455,20 @@ class PrefixStep:
         self.volatile = VolatileCache()
         self.churn = ChurnTracker()
 
-    def apply(self, body: dict[str, Any], ex: Exchange, spec: Preset, headers: dict[str, str]) -> str:
-        """Applies the preset's mode to `body` (the rewrite's own copy) and returns the affinity key."""
+    def apply(
+        self,
+        body: dict[str, Any],
+        ex: Exchange,
+        spec: Preset,
+        headers: dict[str, str],
+        tools_json: ToolsJson | None = None,
+    ) -> str:
+        """Applies the preset's mode to `body` (the rewrite's own copy) and returns the affinity key;
+        `tools_json`: the parsed tool list's JSON (walk.py), read where the body still holds it."""
         session = session_name(body, headers)
         preset, mode = spec.name, spec.prefix.volatile
-        report = apply(body, mode, preset, self.volatile, session, keyed=POLICIES[spec.policy].needs_key)
+        keyed = POLICIES[spec.policy].needs_key
+        report = apply(body, mode, preset, self.volatile, session, keyed, tools_json)
         ex.prefix, ex.prefix_found = report.fingerprint, report.kinds
         if report.kinds and mode in ("move", "strip"):
             action = "moved" if report.moved else "stripped" if mode == "strip" else "found"

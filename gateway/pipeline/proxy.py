@@ -42,7 +42,7 @@ from gateway.pipeline.server_rounds import serve_rounds
 from gateway.pipeline.session import session_of
 from gateway.pipeline.tokens import prompt_tokens, reservation
 from gateway.pipeline.tool_images import ToolImages
-from gateway.pipeline.walk import KnownTools
+from gateway.pipeline.walk import KnownTools, ToolsJson
 from gateway.relay.keepalive import KeepAlive
 from gateway.relay.replica_errors import ERROR_BODY_LIMIT, relay_replica_error
 from gateway.relay.respond import Responder
@@ -78,6 +78,7 @@ class Call:
     ex: Exchange
     responder: Responder
     patience: float | None  # x-gateway-max-wait: how long the client waits for a load
+    tools_json: ToolsJson | None = None  # the body's tool list serialised by the parse's walk
 
 
 class Proxy:
@@ -133,7 +134,7 @@ class Proxy:
         responder: Responder,
     ) -> None:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
-        body, blobs, tokens = await parse(raw, settings, self.known_tools)
+        body, blobs, tokens, tools_json = await parse(raw, settings, self.known_tools)
         check_request(body, endpoint)
         self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True
@@ -152,7 +153,7 @@ class Proxy:
         )
         ticket: int | None = admission.ticket
         ex.admitted, ex.reservation = True, admission.reservation
-        call = Call(endpoint, headers, len(raw), body, blobs, ex, responder, patience(headers))
+        call = Call(endpoint, headers, len(raw), body, blobs, ex, responder, patience(headers), tools_json)
         forbidden = headers.get("x-gateway-fallback", "").strip().lower() == "none"
         ctx = self.ctx
         fallbacks = Fallbacks(
@@ -185,7 +186,9 @@ class Proxy:
         """Rewrite, prefix, attempts and relay, for one preset."""
         ex, endpoint = call.ex, call.endpoint
         table = self.ctx.fleet().table
-        plan = rewrite(call.body, preset, endpoint, want_usage=True, schemas=self.schemas)
+        plan = rewrite(
+            call.body, preset, endpoint, want_usage=True, schemas=self.schemas, tools_json=call.tools_json
+        )
         if "tool_images" in preset.compat:
             plan.notes += await self.tool_images.apply(
                 plan.body, call.blobs, vision=preset.vision, can_describe=table.images is not None
@@ -195,7 +198,7 @@ class Proxy:
             server_tools.prepare(plan.body, server)
         ex.rewrites[:] = plan.notes
         ex.stream = plan.stream
-        key = self.prefixes.apply(plan.body, ex, preset, call.headers)
+        key = self.prefixes.apply(plan.body, ex, preset, call.headers, call.tools_json)
         attempt = self._attempt(call, preset, plan, ticket, tokens, key)
         if server is not None and table.server_tools is not None:
             await serve_rounds(

@@ -23,6 +23,7 @@ from gateway.dialects.base import Note
 from gateway.dialects.openai import OPENAI
 from gateway.dialects.registry import BY_NAME, Endpoint
 from gateway.errors import BadRequest, ContextExceeded
+from gateway.pipeline.walk import ToolsJson
 from gateway.routing.table import Preset
 
 # Fields some proxies accept to pick an upstream: a body must never choose where it is sent.
@@ -80,10 +81,11 @@ def rewrite(
     *,
     want_usage: bool,
     schemas: tool_schemas.CleanLists | None = None,
+    tools_json: ToolsJson | None = None,
 ) -> Plan:
     """Apply the preset to a checked body; `request` itself is left as it is (copy-on-write).
     Idempotent: a second pass changes nothing. `schemas`: the request path's tool lists known to
-    need no fix (the same plan with or without them)."""
+    need no fix (the same plan with or without them); `tools_json`: the parsed list's JSON."""
     spec = _endpoint(endpoint)
     dialect = spec.dialect
     body = dict(request)
@@ -97,7 +99,8 @@ def rewrite(
     body["model"] = preset.served_model
     plan.notes += dialect.fixes(body, preset.compat, plan.changes)
     if "tool_schemas" in preset.compat:
-        plan.notes += tool_schemas.fix(body, preset.engines, schemas)
+        listed = tools_json.of(body.get("tools")) if tools_json is not None else None
+        plan.notes += tool_schemas.fix(body, preset.engines, schemas, listed)
     if spec.thinks:
         plan.notes += dialect.thinking(body, preset.thinking, preset.thinking_override)
     if spec.budget:

@@ -38,10 +38,24 @@ LONG_LIST = 64
 _NUMBERS = frozenset({int, float, bool})
 
 
+class ToolsJson(NamedTuple):
+    """A request's tool list and its JSON, serialised once: the steps after the walk that hash the
+    list (the tool-schema fix's known lists, the prefix fingerprint) read these bytes while the body
+    still holds this very list (every step replaces a list it changes, never edits it)."""
+
+    tools: list[Any]
+    data: bytes
+
+    def of(self, tools: Any) -> bytes | None:
+        """The JSON of `tools` when it is this list, else None (serialise it again)."""
+        return self.data if tools is self.tools else None
+
+
 class BodyFacts(NamedTuple):
     too_deep: bool  # nested deeper than the limit (the walk stopped there: the rest is not counted)
     big_float: bool  # a float of at least BIG_FLOAT: maybe an integer beyond 64 bits
     prompt_chars: int  # characters of prompt text: strings under PROMPT_KEYS, not under SKIP_KEYS
+    tools_json: ToolsJson | None = None  # the body's tool list serialised, when the walk did it
 
     @property
     def estimated_tokens(self) -> int:
@@ -68,19 +82,20 @@ class KnownTools:
         return len(self._facts)
 
     def facts(self, tools: list[Any], max_depth: int) -> BodyFacts:
-        """The facts of `{"tools": tools}`: what the list adds to its body's."""
+        """The facts of `{"tools": tools}`, what the list adds to its body's, with its JSON."""
         try:
-            key = (max_depth, xxhash.xxh3_128_digest(orjson.dumps(tools), self._seed))
+            data = orjson.dumps(tools)
         except orjson.JSONEncodeError:  # deeper than orjson writes, or an integer past 64 bits
             return _walk({"tools": tools}, max_depth)
+        key = (max_depth, xxhash.xxh3_128_digest(data, self._seed))
         found = self._facts.get(key)
         if found is not None:
             self._facts.move_to_end(key)
-            return found
-        found = self._facts[key] = _walk({"tools": tools}, max_depth)
-        if len(self._facts) > self.size:
-            self._facts.popitem(last=False)
-        return found
+        else:
+            found = self._facts[key] = _walk({"tools": tools}, max_depth)
+            if len(self._facts) > self.size:
+                self._facts.popitem(last=False)
+        return found._replace(tools_json=ToolsJson(tools, data))
 
 
 def walk(body: dict[str, Any], max_depth: int, known: KnownTools | None = None) -> BodyFacts:
@@ -96,6 +111,7 @@ def walk(body: dict[str, Any], max_depth: int, known: KnownTools | None = None) 
         rest.too_deep or listed.too_deep,
         rest.big_float or listed.big_float,
         rest.prompt_chars + listed.prompt_chars,
+        listed.tools_json,
     )
 
 

@@ -192,6 +192,16 @@ def test_a_list_known_clean_for_llama_server_alone_is_checked_again_with_vllm_be
     assert fix(body, ["llamacpp", "vllm"], known) == [("tool_schemas", "keywords_removed=1")]
 
 
+def test_with_the_walks_json_a_list_is_remembered_for_vllm_too() -> None:
+    body = captured("codex-responses.json")
+    known = tool_schemas.CleanLists()
+    data = orjson.dumps(body["tools"])
+    for _ in range(2):
+        assert fix(dict(body), ["vllm"], known, data) == []
+    assert len(known) == 1
+    assert fix(dict(body), ["llamacpp", "vllm"], known, data) == [] and len(known) == 2
+
+
 @pytest.mark.parametrize(
     "name", ["claude-code-messages.json", "codex-responses.json", "codex-responses-tool-output.json"]
 )

@@ -1,3 +1,4 @@
+import asyncio
 import gzip
 import os
 import zlib
@@ -13,9 +14,12 @@ from gateway.pipeline.body import (
     decompress,
     has_images,
     long_digits,
+    parse,
     read_body,
     read_object,
 )
+from gateway.pipeline.walk import KnownTools
+from gateway.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -214,3 +218,23 @@ def test_an_integer_past_64_bits_deep_inside_the_body_is_kept_exactly(number: by
 def test_a_body_without_an_integer_past_64_bits_parses_as_orjson_reads_it(raw: bytes) -> None:
     assert read_object(raw, 64)[0] == orjson.loads(raw)
     assert orjson.dumps(read_object(raw, 64)[0]) == orjson.dumps(orjson.loads(raw))
+
+
+def test_the_parse_hands_on_the_json_of_the_very_tool_list_it_walked() -> None:
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools})
+    settings = Settings()
+    known = KnownTools()
+    for _ in range(2):  # the second time from what the walk remembered
+        parsed = asyncio.run(parse(raw, settings, known))
+        assert parsed.tools_json is not None and parsed.tools_json.of(parsed.body["tools"]) == orjson.dumps(
+            tools
+        )
+    # Parsed again with exact integers (one past 64 bits), the body holds other objects: no JSON handed on.
+    big = raw.replace(b'"model":"m"', b'"model":"m","seed":1e19,"n":18446744073709551616')
+    parsed = asyncio.run(parse(big, settings, known))
+    assert parsed.tools_json is None or parsed.tools_json.of(parsed.body["tools"]) is None
+    # A large body is parsed on a worker thread, without the remembered lists.
+    assert (
+        asyncio.run(parse(raw, settings.model_copy(update={"offload_bytes": 10}), known)).tools_json is None
+    )

@@ -149,6 +149,7 @@ def test_fingerprint_covers_preset_system_and_tools() -> None:
     system = [{"role": "system", "content": "x"}]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"a": 1, "b": 2}}}]
     base = fingerprint("p", system, tools)
+    assert base == fingerprint("p", system, tools, orjson.dumps(tools))  # the walk's JSON of them
     assert base == fingerprint("p", system, copy.deepcopy(tools))
     assert base != fingerprint("q", system, tools)
     assert base != fingerprint("p", [{"role": "system", "content": "y"}], tools)
