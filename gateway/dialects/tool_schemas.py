@@ -311,7 +311,7 @@ class CleanLists:
         if data is None:
             try:
                 data = orjson.dumps(tools)
-            except orjson.JSONEncodeError:  # an integer past 64 bits: walked, as without the verdicts
+            except orjson.JSONEncodeError:  # nested deeper than orjson writes: walked, as without them
                 return None
         return LLAMACPP in kinds, VLLM in kinds, xxhash.xxh3_128_digest(data, self._seed)
 

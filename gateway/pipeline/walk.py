@@ -85,7 +85,7 @@ class KnownTools:
         """The facts of `{"tools": tools}`, what the list adds to its body's, with its JSON."""
         try:
             data = orjson.dumps(tools)
-        except orjson.JSONEncodeError:  # deeper than orjson writes, or an integer past 64 bits
+        except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels)
             return _walk({"tools": tools}, max_depth)
         key = (max_depth, xxhash.xxh3_128_digest(data, self._seed))
         found = self._facts.get(key)

@@ -256,7 +256,7 @@ def test_the_known_lists_are_bounded() -> None:
 
 def test_a_tool_list_deeper_than_orjson_writes_is_walked_and_not_remembered() -> None:
     deep: Any = "leaf"
-    for _ in range(300):  # orjson writes at most 255 levels
+    for _ in range(300):  # orjson writes at most 254 levels
         deep = [deep]
     body = {"tools": [deep]}
     known = KnownTools()
