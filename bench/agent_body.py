@@ -23,22 +23,18 @@ Results: a table on stdout and JSON lines appended to bench/results/agent_body.j
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.proxycost.bodies import SMALL_BODY
 from bench.proxycost.host import terminate_cleanly
-from bench.proxycost.revisions import build_all, default_cache
 from bench.proxycost.routes import routes_yaml
+from bench.proxycost.side_by_side import arguments, contenders, race, report
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "agents" / "claude-code-messages-tool-result.json"
@@ -151,14 +147,6 @@ uvloop.run(run())
 """
 
 
-def contenders(revs: list[str]) -> list[tuple[str, str]]:
-    """(name, python) for this checkout and each revision."""
-    found = [("gateway", sys.executable)]
-    for revision in build_all(revs, default_cache()):
-        found.append((revision.name, str(revision.env / "bin" / "python")))
-    return found
-
-
 def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
     """(name, path, file, routes) of each case: the agent's body to a vLLM replica and to a
     llama-server one (whose tool schemas the gateway fixes, and which it asks for a stream), and the
@@ -219,13 +207,7 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--against", action="append", default=[], metavar="REV")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=3200, help="per round and contender")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser = arguments(__doc__, requests=3200, out=RESULTS)
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions under valgrind instead of CPU time"
     )
@@ -236,41 +218,23 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for label, path, body, routes in bodies(Path(scratch)):
-            samples: dict[str, list[float]] = {name: [] for name, _ in racers}
-            serving = list(racers)
-            for _ in range(args.rounds):
-                for name, python in list(serving):
-                    cost = measure(python, routes, body, path, args.requests, args.instructions)
-                    if cost is None:
-                        serving.remove((name, python))
-                    else:
-                        samples[name].append(cost)
-            medians = {
-                name: statistics.median(values) if values else None for name, values in samples.items()
-            }
+
+            def one(python: str, routes: str = routes, body: Path = body, path: str = path) -> float | None:
+                return measure(python, routes, body, path, args.requests, args.instructions)
+
+            medians, samples = race(racers, args.rounds, one)
             rows.append((label, medians, samples))
-    names = [name for name, _ in racers]
     what = "Instructions" if args.instructions else "CPU"
-    print(f"{what} per request in process, median of {args.rounds} rounds (lower is better)")
-    print("| body | " + " | ".join(names) + "".join(f" | gw / {n[8:]}" for n in names[1:]) + " |")
-    print("|---" * (len(names) * 2) + "|")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as out:
-        for label, medians, samples in rows:
-            ours = medians["gateway"]
-            ratios = [_ratio(ours, medians[n]) for n in names[1:]]
-            unit = "" if args.instructions else " us"
-            cells = " | ".join("n/a" if medians[n] is None else f"{medians[n]:,.0f}{unit}" for n in names)
-            print(f"| {label} | {cells}" + "".join(f" | {r}" for r in ratios) + " |")
-            for name in names:
-                figure = "instructions" if args.instructions else "cpu_us"
-                line = {"at": stamp, "body": label, "contender": name, figure: medians[name]}
-                out.write(json.dumps({**line, "rounds": samples[name]}) + "\n")
-
-
-def _ratio(ours: float | None, theirs: float | None) -> str:
-    return "-" if ours is None or theirs is None else f"{ours / theirs:.2f}x"
+    report(
+        rows,
+        [name for name, _ in racers],
+        title=f"{what} per request in process, median of {args.rounds} rounds (lower is better)",
+        column="body",
+        unit="" if args.instructions else " us",
+        decimals=0,
+        figure="instructions" if args.instructions else "cpu_us",
+        out=args.out,
+    )
 
 
 if __name__ == "__main__":

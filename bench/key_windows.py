@@ -17,16 +17,13 @@ Results: a table on stdout and JSON lines appended to bench/results/key_windows.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import subprocess
-import time
 from pathlib import Path
 
-from bench.agent_body import contenders
 from bench.proxycost.host import terminate_cleanly
+from bench.proxycost.side_by_side import arguments, contenders, race, report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "key_windows.jsonl"
@@ -88,48 +85,27 @@ def measure(python: str, case: str, requests: int) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--against", action="append", default=[], metavar="REV")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=5000, help="per round and contender")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = arguments(__doc__, requests=5000, out=RESULTS).parse_args()
     racers = contenders(args.against)
-    names = [name for name, _ in racers]
     rows = []
     for label, case in zip(CASES, ("fresh", "day"), strict=True):
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        serving = list(racers)
-        for _ in range(args.rounds):
-            for name, python in list(serving):
-                cost = measure(python, case, args.requests)
-                if cost is None:
-                    serving.remove((name, python))
-                else:
-                    samples[name].append(cost)
-        rows.append((label, {n: statistics.median(v) if v else None for n, v in samples.items()}, samples))
-    print(
-        f"CPU per request of a key's admission and charge, median of {args.rounds} rounds (lower is better)"
+
+        def one(python: str, case: str = case) -> float | None:
+            return measure(python, case, args.requests)
+
+        medians, samples = race(racers, args.rounds, one)
+        rows.append((label, medians, samples))
+    report(
+        rows,
+        [name for name, _ in racers],
+        title=f"CPU per request of a key's admission and charge, median of {args.rounds} rounds"
+        " (lower is better)",
+        column="key",
+        unit=" us",
+        decimals=1,
+        figure="cpu_us",
+        out=args.out,
     )
-    print("| key | " + " | ".join(names) + "".join(f" | gw / {n[8:]}" for n in names[1:]) + " |")
-    print("|---" * (len(names) * 2) + "|")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as out:
-        for label, medians, samples in rows:
-            ours = medians["gateway"]
-            ratios = [_ratio(ours, medians[n]) for n in names[1:]]
-            cells = " | ".join("n/a" if medians[n] is None else f"{medians[n]:.1f} us" for n in names)
-            print(f"| {label} | {cells}" + "".join(f" | {r}" for r in ratios) + " |")
-            for name in names:
-                line = {"at": stamp, "key": label, "contender": name, "cpu_us": medians[name]}
-                out.write(json.dumps({**line, "rounds": samples[name]}) + "\n")
-
-
-def _ratio(ours: float | None, theirs: float | None) -> str:
-    return "-" if ours is None or theirs is None else f"{ours / theirs:.2f}x"
 
 
 if __name__ == "__main__":

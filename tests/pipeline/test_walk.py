@@ -15,6 +15,12 @@ from hypothesis import strategies as st
 from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, KnownTools, walk
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"
+# Every captured agent request (the models listing is not one).
+CAPTURED = pytest.mark.parametrize(
+    "path",
+    sorted(p for p in FIXTURES.glob("*.json") if p.stem != "codex-models-request"),
+    ids=lambda p: p.stem,
+)
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:
@@ -113,11 +119,7 @@ def rule(body: dict[str, Any]) -> int:
     return sum(prompt_chars(value, True) for key, value in body.items() if key in PROMPT_KEYS)
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(p for p in FIXTURES.glob("*.json") if p.stem != "codex-models-request"),
-    ids=lambda p: p.stem,
-)
+@CAPTURED
 def test_the_walk_counts_a_captured_agent_request_as_the_rule_does(path: Path) -> None:
     captured = json.loads(path.read_text())
     body = captured.get("body", captured)
@@ -206,11 +208,7 @@ def agreed(body: dict[str, Any], max_depth: int, known: KnownTools) -> None:
         assert remembered.tools_json.of(list(body["tools"])) is None
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(p for p in FIXTURES.glob("*.json") if p.stem != "codex-models-request"),
-    ids=lambda p: p.stem,
-)
+@CAPTURED
 def test_a_captured_agent_request_walked_with_its_tools_known_says_what_the_walk_says(path: Path) -> None:
     captured = json.loads(path.read_text())
     raw = orjson.dumps(captured.get("body", captured))
