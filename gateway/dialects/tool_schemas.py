@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ import orjson
 import xxhash
 
 from gateway.dialects.base import Note
+from gateway.lru import Lru
 
 LLAMACPP = "llamacpp"
 VLLM = "vllm"
@@ -300,8 +300,7 @@ class CleanLists:
     the engine's refusal then gets the one retry without constraints."""
 
     def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._seen: OrderedDict[tuple[bool, bool, bytes], None] = OrderedDict()
+        self._seen: Lru[tuple[bool, bool, bytes], bool] = Lru(size)
         self._seed = int.from_bytes(os.urandom(8), "little")
 
     def __len__(self) -> int:
@@ -316,15 +315,10 @@ class CleanLists:
         return LLAMACPP in kinds, VLLM in kinds, xxhash.xxh3_128_digest(data, self._seed)
 
     def holds(self, key: tuple[bool, bool, bytes]) -> bool:
-        if key not in self._seen:
-            return False
-        self._seen.move_to_end(key)
-        return True
+        return self._seen.get(key) is not None
 
     def add(self, key: tuple[bool, bool, bytes]) -> None:
-        self._seen[key] = None
-        if len(self._seen) > self.size:
-            self._seen.popitem(last=False)
+        self._seen.put(key, True)
 
 
 def fix(

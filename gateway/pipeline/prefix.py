@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from gateway.lru import Lru
 from gateway.ops.exchange import Exchange
 from gateway.pipeline.walk import ToolsJson
 from gateway.routing.balancer import POLICIES
@@ -144,8 +145,7 @@ class VolatileCache:
     180 us per request to cut again)."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
-        self._size = size
-        self._entries: OrderedDict[bytes, _Found] = OrderedDict()
+        self._entries: Lru[bytes, _Found] = Lru(size)
 
     def spans(self, text: str) -> list[Span]:
         return self._found(text).spans
@@ -159,13 +159,10 @@ class VolatileCache:
 
     def _found(self, text: str) -> _Found:
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-        hit = self._entries.get(key)
-        if hit is not None:
-            self._entries.move_to_end(key)
-            return hit
-        found = self._entries[key] = _Found(find_volatile(text))
-        if len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+        found = self._entries.get(key)
+        if found is None:
+            found = _Found(find_volatile(text))
+            self._entries.put(key, found)
         return found
 
 

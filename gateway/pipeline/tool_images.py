@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.dialects.base import Note
 from gateway.dialects.tool_results import move_images, replace_images, tool_images
+from gateway.lru import Lru
 from gateway.pipeline.blobs import Blobs
 
 # (the image as a data: URL, the instruction) -> the vision preset's answer text.
@@ -54,27 +54,11 @@ _PLACEHOLDER = re.compile(r"^\x00fleet-gateway-blob-(\d+)\x00$")
 _HASH_ON_THREAD = 1 << 20  # hashlib releases the GIL on large inputs
 
 
-class Descriptions:
+class Descriptions(Lru[str, str]):
     """Descriptions by image digest, the least recently used dropped first (bounded memory)."""
 
     def __init__(self, entries: int = CACHE_ENTRIES) -> None:
-        self.entries = entries
-        self._items: OrderedDict[str, str] = OrderedDict()
-
-    def get(self, digest: str) -> str | None:
-        text = self._items.get(digest)
-        if text is not None:
-            self._items.move_to_end(digest)
-        return text
-
-    def put(self, digest: str, text: str) -> None:
-        self._items[digest] = text
-        self._items.move_to_end(digest)
-        while len(self._items) > self.entries:
-            self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
+        super().__init__(entries)
 
 
 def resolve(url: str, blobs: Blobs) -> str:

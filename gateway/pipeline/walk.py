@@ -19,11 +19,12 @@ in 0.64 s of CPU, against 0.71 s for the parse, the byte scans and the bounded e
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import orjson
 import xxhash
+
+from gateway.lru import Lru
 
 # Where a prompt's text lives in the three dialects' bodies; what is under other keys (sampling
 # settings, image data) does not become prompt tokens in proportion to its length.
@@ -74,8 +75,7 @@ class KnownTools:
     list at another's facts; a collision could only mislead the walk about the sender's own body."""
 
     def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._facts: OrderedDict[tuple[int, bytes], BodyFacts] = OrderedDict()
+        self._facts: Lru[tuple[int, bytes], BodyFacts] = Lru(size)
         self._seed = int.from_bytes(os.urandom(8), "little")
 
     def __len__(self) -> int:
@@ -89,12 +89,9 @@ class KnownTools:
             return _walk({"tools": tools}, max_depth)
         key = (max_depth, xxhash.xxh3_128_digest(data, self._seed))
         found = self._facts.get(key)
-        if found is not None:
-            self._facts.move_to_end(key)
-        else:
-            found = self._facts[key] = _walk({"tools": tools}, max_depth)
-            if len(self._facts) > self.size:
-                self._facts.popitem(last=False)
+        if found is None:
+            found = _walk({"tools": tools}, max_depth)
+            self._facts.put(key, found)
         return found._replace(tools_json=ToolsJson(tools, data))
 
 
@@ -102,7 +99,7 @@ def walk(body: dict[str, Any], max_depth: int, known: KnownTools | None = None) 
     """The facts of a parsed body (the top level is depth 1); with `known`, a tool list read before
     is not read again. Whether it is too deep: the same either way; the rest the same unless it is
     (the walk then stops where it is, and the body is refused)."""
-    tools = body.get("tools") if known is not None else None
+    tools = body.get("tools")
     if known is None or type(tools) is not list or not tools:
         return _walk(body, max_depth)
     rest = _walk(body, max_depth, skip="tools")
