@@ -33,6 +33,7 @@ from gateway.ops.exchange import Exchange
 from gateway.pipeline.attempts import Attempt, Dispatcher, RetryBudget, finish
 from gateway.pipeline.blobs import Blobs
 from gateway.pipeline.body import ClientGone, parse, read_request
+from gateway.pipeline.deadline import Deadline
 from gateway.pipeline.disconnect import ClientLink
 from gateway.pipeline.fallback import Fallbacks, patience
 from gateway.pipeline.frame import Context, Frame
@@ -261,7 +262,7 @@ class Proxy:
         )
         try:
             # One deadline for the whole answer, retries included.
-            async with asyncio.timeout_at(loop_deadline):
+            with Deadline(loop_deadline):
                 if preset.abort_on_disconnect:
                     response, replica = await self.dispatcher.open(attempt)
                 else:
