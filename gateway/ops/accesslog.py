@@ -17,7 +17,9 @@ from gateway.ops.exchange import Exchange
 
 
 def _ms(start: float, end: float | None) -> float | None:
-    return None if end is None else round((end - start) * 1000, 3)
+    # Rounded as a whole number of microseconds: round() with digits converts through decimal
+    # text, about four times the cost, on every request's three to five times.
+    return None if end is None else round((end - start) * 1e6) / 1000
 
 
 def _upstream(ex: Exchange) -> str | None:
@@ -33,7 +35,7 @@ def _upstream(ex: Exchange) -> str | None:
 def entry(ex: Exchange) -> dict[str, Any]:
     answer = ex.answer
     line = {
-        "ts": round(time.time(), 3),
+        "ts": round(time.time() * 1000) / 1000,
         "request_id": ex.request_id,
         "endpoint": ex.endpoint,
         "tool": ex.tool or None,
@@ -61,7 +63,7 @@ def entry(ex: Exchange) -> dict[str, Any]:
         "key": ex.key,
         "priority": ex.priority,
         "fallback": ex.fallback or None,
-        "queue_wait_ms": None if ex.queue_wait is None else round(ex.queue_wait * 1000, 3),
+        "queue_wait_ms": None if ex.queue_wait is None else round(ex.queue_wait * 1e6) / 1000,
         "duration_ms": _ms(ex.started, ex.finished),
         "overhead_ms": _ms(ex.started, ex.upstream_sent),
         "load_wait_ms": None if ex.load_wait is None else round(ex.load_wait * 1000, 1),

@@ -189,7 +189,7 @@ def apply(
     messages = view.messages
     if messages is None:
         return report
-    leading = list(_leading_system(messages))
+    leading = _leading_system(messages)
     last_user = _last_user(messages)
     masked: dict[int, Any] = {}  # leading messages without their volatile spans, when left in place
     if mode != "off":
@@ -250,7 +250,9 @@ class _View:
         if not isinstance(items, list):
             return
         for lead in ("system", "instructions"):
-            if isinstance(body.get(lead), str | list) and body[lead]:
+            if (
+                isinstance(body.get(lead), (str, list)) and body[lead]
+            ):  # a tuple: `str | list` is made per call
                 self.lead = lead
                 self.messages = [{"role": "system", "content": body[lead]}, *items]
                 return
@@ -306,11 +308,12 @@ def _conversation_key(messages: list[Any]) -> str:
     return digest.hexdigest()
 
 
-def _leading_system(messages: list[Any]) -> Iterator[int]:
+def _leading_system(messages: list[Any]) -> list[int]:
+    """The indexes of the system messages the prompt starts with."""
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in SYSTEM_ROLES:
-            return
-        yield index
+            return list(range(index))
+    return list(range(len(messages)))
 
 
 def _last_user(messages: list[Any]) -> int | None:
