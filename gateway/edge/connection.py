@@ -56,6 +56,8 @@ class EdgeProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: TimerHandle | None = None
+        self._head_since: float | None = None  # the loop time the open head began; None: none open
+        self._head_begun = False  # a byte of the open head's request has arrived
         self._head_bytes = 0
         self._link: ClientLink | None = None  # the latest request's (pipeline/disconnect.py)
 
@@ -71,6 +73,7 @@ class EdgeProtocol(HttpToolsProtocol):
             )
             return
         self._start_head()
+        self._arm_head()  # a connection that never sends a byte is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head()
@@ -81,10 +84,10 @@ class EdgeProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         """Counts the bytes read while a head is open, hands them to httptools, then refuses with
         431 a head that has passed the byte limit (plus slack) or the field count."""
-        if self._head_timer is not None:
+        if self._head_since is not None:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_timer is None or self.transport.is_closing():
+        if self._head_since is None or self.transport.is_closing():
             return
         # Still inside a head after this read: everything counted belongs to it.
         fields = len(self.headers) if self.headers is not None else 0
@@ -98,11 +101,14 @@ class EdgeProtocol(HttpToolsProtocol):
                     f"or {self.limits.max_header_bytes} bytes"
                 )
             )
+            return
+        self._arm_head()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._head_timer is None:  # a keep-alive connection's next request
+        if self._head_since is None:  # a keep-alive connection's next request
             self._start_head()
+        self._head_begun = True
 
     def on_headers_complete(self) -> None:
         self._stop_head()
@@ -121,19 +127,30 @@ class EdgeProtocol(HttpToolsProtocol):
             self._link.body_complete = True
 
     def _start_head(self) -> None:
-        self._head_bytes = 0
-        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_expired)
+        self._head_bytes, self._head_begun = 0, False
+        self._head_since = self.loop.time()
+
+    def _arm_head(self) -> None:
+        """The head's deadline, from its first byte, once a read has ended inside it. A head that
+        arrives whole in one read (nearly every request on a kept-alive connection) is done before
+        that, and never costs a timer and its cancellation."""
+        if self._head_timer is None and self._head_since is not None:
+            self._head_timer = self.loop.call_at(
+                self._head_since + self.limits.header_timeout, self._head_expired
+            )
 
     def _stop_head(self) -> None:
+        self._head_since = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
     def _head_expired(self) -> None:
         self._head_timer = None
+        self._head_since = None
         if self.transport.is_closing():
             return
-        if self._head_bytes == 0:  # nothing sent at all: close quietly, as for an idle keep-alive
+        if not self._head_begun:  # nothing sent at all: close quietly, as for an idle keep-alive
             self.transport.close()
             return
         self._refuse(

@@ -156,6 +156,21 @@ def test_a_keep_alive_connection_gets_a_fresh_deadline_for_each_request(gw: Runn
             time.sleep(0.3)
 
 
+def test_the_next_head_on_a_kept_alive_connection_is_cut_off_when_it_trickles(gw: Running) -> None:
+    """The deadline of a kept-alive connection's next head is set once a read ends inside it."""
+    with connect(gw) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(5)
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += sock.recv(65536)
+        assert status_of(answer) == 200, answer
+        sock.sendall(HEAD)  # the next request's head begins, and never ends
+        answer = read_all(sock)
+    assert status_of(answer) == 408, answer
+    assert b"connection: close" in answer
+
+
 def data_segments_in(sock: socket.socket) -> int | None:
     """Segments with data this socket has received (Linux's tcp_info `tcpi_data_segs_in`), or None
     where the kernel does not report it."""
