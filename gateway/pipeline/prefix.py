@@ -250,9 +250,8 @@ class _View:
         if not isinstance(items, list):
             return
         for lead in ("system", "instructions"):
-            if (
-                isinstance(body.get(lead), (str, list)) and body[lead]
-            ):  # a tuple: `str | list` is made per call
+            # A tuple of types: `str | list` would be made again on every call.
+            if isinstance(body.get(lead), (str, list)) and body[lead]:
                 self.lead = lead
                 self.messages = [{"role": "system", "content": body[lead]}, *items]
                 return
