@@ -6,12 +6,14 @@
 `bench.gateway` measures the gateway with a small chat body; an agent's request is 20-70k tokens,
 and the steps that read the whole body (parse, depth, estimate, prefix fingerprint, encode) cost in
 proportion to it. This runs the gateway's ASGI app in process, with an upstream client that answers
-at once (no sockets, no server: what is left is the gateway's own Python), in three cases: the
+at once (no sockets, no server: what is left is the gateway's own Python), in four cases: the
 captured Claude Code request of tests/fixtures/agents (50 KB, `POST /v1/messages`) to a vLLM replica
-and to a llama-server one (which the gateway asks for a stream and whose tool schemas it fixes), and
-the bench's small chat body (`POST /v1/chat/completions`). Each contender is this checkout or a revision built
-by bench/proxycost/revisions.py (`--against`), in a process of its own pinned to core 0, alternated
-round by round; the result is the median CPU time per request and each revision's ratio.
+and to a llama-server one (which the gateway asks for a stream and whose tool schemas it fixes), the
+same request 150 tool rounds into its session (290 KB: every step that reads the history reads 300
+turns), and the bench's small chat body (`POST /v1/chat/completions`). Each contender is this
+checkout or a revision built by bench/proxycost/revisions.py (`--against`), in a process of its own
+pinned to core 0, alternated round by round; the result is the median CPU time per request and
+each revision's ratio.
 
 `--instructions` counts instead the instructions each request executes, under valgrind's callgrind
 (instrumentation switched on only around the measured requests): slow (each contender takes a few
@@ -30,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.proxycost.bodies import SMALL_BODY
 from bench.proxycost.host import terminate_cleanly
@@ -39,6 +42,7 @@ from bench.proxycost.side_by_side import arguments, contenders, race, report
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "agents" / "claude-code-messages-tool-result.json"
 RESULTS = ROOT / "bench" / "results" / "agent_body.jsonl"
+LONG_TURNS = 150  # tool rounds in the long session's history
 
 # Run in the contender's own interpreter: it imports only that revision's `gateway`.
 CHILD = r"""
@@ -147,13 +151,56 @@ uvloop.run(run())
 """
 
 
+def long_session(captured: dict[str, Any], turns: int = LONG_TURNS) -> dict[str, Any]:
+    """The captured request `turns` tool rounds later: each round the assistant's text and a `Read`
+    call, and the file it read (30 lines) in the user turn's `tool_result`, as Claude Code sends its
+    history; then the user's next line. About 290 KB and 300 turns at the default."""
+    history = list(captured["messages"][:2])
+    for i in range(turns):
+        call = f"toolu_{i:024d}"
+        history.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": f"Step {i}: I will read the next module and check what it does.",
+                    },
+                    {
+                        "type": "tool_use",
+                        "id": call,
+                        "name": "Read",
+                        "input": {"file_path": f"/src/app/module_{i}.py"},
+                    },
+                ],
+            }
+        )
+        history.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call,
+                        "content": "    def handle(self, request):  # code\n" * 30,
+                    }
+                ],
+            }
+        )
+    history.append({"role": "user", "content": [{"type": "text", "text": "go on"}]})
+    return {**captured, "messages": history}
+
+
 def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
     """(name, path, file, routes) of each case: the agent's body to a vLLM replica and to a
-    llama-server one (whose tool schemas the gateway fixes, and which it asks for a stream), and the
-    small chat body."""
+    llama-server one (whose tool schemas the gateway fixes, and which it asks for a stream), the same
+    request deep into a session (every step that reads the history reads 300 turns), and the small
+    chat body."""
     captured = json.loads(FIXTURE.read_text())["body"]
     agent = scratch / "agent.json"
     agent.write_bytes(json.dumps({**captured, "model": "bench", "stream": False}).encode())
+    session = scratch / "session.json"
+    session.write_bytes(json.dumps({**long_session(captured), "model": "bench", "stream": False}).encode())
     small = scratch / "small.json"
     small.write_bytes(SMALL_BODY)
     # No socket is opened: the upstream client answers in process.
@@ -162,6 +209,7 @@ def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
     return [
         ("claude code, 50 KB", "/v1/messages", agent, vllm),
         ("claude code, 50 KB, llama.cpp", "/v1/messages", agent, llamacpp),
+        (f"claude code, {LONG_TURNS} turns later", "/v1/messages", session, vllm),
         ("small chat", "/v1/chat/completions", small, vllm),
     ]
 

@@ -68,32 +68,33 @@ class Ids:
 
 
 def history_ids(body: dict[str, Any], form: str) -> list[str]:
-    """The tool-call ids a request's history already uses (calls and results), in order."""
-    found: list[str] = []
+    """The tool-call ids a request's history already uses (calls and results), in order.
 
-    def add(value: Any) -> None:
-        if isinstance(value, str) and value and len(found) < MAX_USED:
-            found.append(value)
-
+    Read on every request that declares tools, over the whole history: comprehensions, not a call
+    per id (a 300-message Claude Code history: 166 us before, with a nested function per id)."""
     items = body.get("input" if form == "responses" else "messages")
     if not isinstance(items, list):
-        return found
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        if form == "chat":
-            add(item.get("tool_call_id"))
-            calls = item.get("tool_calls")
-            for call in calls if isinstance(calls, list) else ():
-                add(call.get("id") if isinstance(call, dict) else None)
-        elif form == "messages":
-            content = item.get("content")
-            for block in content if isinstance(content, list) else ():
-                if isinstance(block, dict):
-                    add(block.get("id") if block.get("type") == "tool_use" else block.get("tool_use_id"))
-        else:
-            add(item.get("call_id"))
-    return found
+        return []
+    values: list[Any]
+    if form == "chat":
+        values = []
+        for item in items:
+            if isinstance(item, dict):
+                values.append(item.get("tool_call_id"))
+                calls = item.get("tool_calls")
+                if isinstance(calls, list):
+                    values += [call.get("id") if isinstance(call, dict) else None for call in calls]
+    elif form == "messages":
+        values = [
+            block.get("id") if block.get("type") == "tool_use" else block.get("tool_use_id")
+            for item in items
+            if isinstance(item, dict) and isinstance(content := item.get("content"), list)
+            for block in content
+            if isinstance(block, dict)
+        ]
+    else:
+        values = [item.get("call_id") for item in items if isinstance(item, dict)]
+    return [value for value in values if isinstance(value, str) and value][:MAX_USED]
 
 
 def _json_text(value: Any) -> bool:

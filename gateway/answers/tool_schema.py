@@ -17,6 +17,7 @@ from typing import Any
 MAX_STEPS = 20_000  # keyword evaluations per check: real tool schemas need tens to hundreds
 MAX_DEPTH = 64  # nesting of the arguments checked
 
+_NUMBER = (int, float)  # a tuple: `int | float` would be made again on every value checked
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
@@ -47,7 +48,7 @@ def is_type(value: Any, kind: Any) -> bool:
             isinstance(value, float) and value.is_integer()
         )
     if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
+        return isinstance(value, _NUMBER) and not isinstance(value, bool)
     kinds = _TYPES.get(kind) if isinstance(kind, str) else None
     if kinds is None:
         return False
@@ -191,7 +192,7 @@ def _enum_types(options: list[Any]) -> list[str]:
     kinds = []
     for option in options:
         kind = "string" if isinstance(option, str) else "boolean" if isinstance(option, bool) else None
-        if kind is None and isinstance(option, int | float):
+        if kind is None and isinstance(option, _NUMBER):
             kind = "number"
         if kind is not None and kind not in kinds:
             kinds.append(kind)

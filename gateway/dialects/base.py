@@ -34,6 +34,10 @@ def optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what
         raise BadRequest(f"'{key}' must be {what}", param=key)
 
 
+# Tuples of types where a check runs per item: `str | None` would be a new object on every call.
+_TYPE_NAME = (str, type(None))
+
+
 def part_types(items: Any, key: str, content_key: str = "content") -> None:
     """Each content part's `type`, where given, must be a string: the request path compares it
     with sets of part types (images, text), and an array or object there is a client's mistake to
@@ -45,7 +49,7 @@ def part_types(items: Any, key: str, content_key: str = "content") -> None:
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if isinstance(part, dict) and not isinstance(part.get("type", ""), str | None):
+            if isinstance(part, dict) and not isinstance(part.get("type", ""), _TYPE_NAME):
                 where = f"{key}[{i}].{content_key}[{j}].type"
                 raise BadRequest(f"'{where}' must be a string", param=where)
 

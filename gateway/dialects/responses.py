@@ -158,7 +158,7 @@ class ResponsesDialect(Dialect):
     # --- requests -------------------------------------------------------------------------------
     def check(self, body: dict[str, Any], endpoint: str) -> None:
         given = body.get("input")
-        if not isinstance(given, str | list) or not given:
+        if not isinstance(given, (str, list)) or not given:
             raise BadRequest("'input' must be a non-empty string or array", param="input")
         part_types(given, "input")
         optional(body, "reasoning", dict, "an object")

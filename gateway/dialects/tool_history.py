@@ -89,12 +89,18 @@ def _chat(body: dict[str, Any], strict: bool) -> list[Note]:
             pending = []
         calls = message.get("tool_calls") if role == "assistant" else None
         if isinstance(calls, list) and calls:
-            fixed = [_chat_call(c, position, n) for n, c in enumerate(calls)]
-            changed = sum(a is not b for a, b in zip(fixed, calls, strict=True))
-            if changed:
+            # Calls without an id get one from their place; the list is copied only then.
+            missing = [
+                n for n, c in enumerate(calls) if isinstance(c, dict) and not isinstance(c.get("id"), str)
+            ]
+            if missing:
+                fixed = list(calls)
+                for n in missing:
+                    fixed[n] = {**calls[n], "id": history_id(position, n)}
                 message = {**message, "tool_calls": fixed}
-                minted += changed
-            pending = [str(c.get("id")) for c in fixed if isinstance(c, dict)]
+                minted += len(missing)
+                calls = fixed
+            pending = [str(c.get("id")) for c in calls if isinstance(c, dict)]
         out.append(message)
     last = out[-1] if out else None
     if pending and (strict or (isinstance(last, dict) and last.get("role") == "assistant")):
@@ -104,12 +110,6 @@ def _chat(body: dict[str, Any], strict: bool) -> list[Note]:
         return []
     body["messages"] = out
     return _notes(minted, answered, dropped)
-
-
-def _chat_call(call: Any, position: int, n: int) -> Any:
-    if isinstance(call, dict) and not isinstance(call.get("id"), str):
-        return {**call, "id": history_id(position, n)}
-    return call
 
 
 def _chat_result(call_id: str) -> dict[str, Any]:
@@ -147,19 +147,22 @@ def _messages(body: dict[str, Any], strict: bool) -> list[Note]:
             message = {**message, "content": [{"type": "text", "text": message["content"]}]}
         if role == "user" and isinstance(message.get("content"), list):
             content = message["content"]
-            kept = []
-            for block in content:
+            # The turn is read once; it is copied only when it changes (a long session's history
+            # is almost all turns that answer their calls exactly).
+            unpaired = []  # positions of results whose call is not waiting
+            for position, block in enumerate(content):
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     if block.get("tool_use_id") not in pending:
-                        dropped += 1
+                        unpaired.append(position)
                         continue
                     pending.remove(block.get("tool_use_id"))
-                kept.append(block)
-            # Anthropic's order: the results open the user turn that answers the calls.
-            kept = [_messages_result(i) for i in pending] + kept
-            answered += len(pending)
-            pending = []
-            if len(kept) != len(content) or any(a is not b for a, b in zip(kept, content, strict=True)):
+            dropped += len(unpaired)
+            if pending or unpaired:
+                # Anthropic's order: the results open the user turn that answers the calls.
+                kept = [_messages_result(i) for i in pending]
+                kept += [block for position, block in enumerate(content) if position not in unpaired]
+                answered += len(pending)
+                pending = []
                 if not kept:
                     continue
                 message = {**message, "content": kept}

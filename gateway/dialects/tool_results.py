@@ -91,16 +91,21 @@ ANTHROPIC = _Shape(
 
 
 def _results(body: dict[str, Any]) -> Iterator[tuple[_Shape, int, int | None, dict[str, Any]]]:
-    """(shape, turn index, block index in a Messages turn or None, the tool result) for each."""
+    """(shape, turn index, block index in a Messages turn or None, the tool result) for each.
+
+    The shapes' `is_result` written out here: this reads every turn of every request whose preset
+    handles tool images, and a call per turn and block was most of its cost."""
     messages = body.get("messages")
     if isinstance(messages, list):
         for index, message in enumerate(messages):
-            if CHAT.is_result(message):
+            if not isinstance(message, dict):
+                continue
+            role = message.get("role")
+            if role == "tool":  # CHAT.is_result
                 yield CHAT, index, None, message
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(message, dict) and message.get("role") == "user" and isinstance(content, list):
+            elif role == "user" and isinstance(content := message.get("content"), list):
                 for block_index, block in enumerate(content):
-                    if ANTHROPIC.is_result(block):
+                    if isinstance(block, dict) and block.get("type") == "tool_result":  # ANTHROPIC's
                         yield ANTHROPIC, index, block_index, block
     items = body.get("input")
     if isinstance(items, list):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.answers.changes import Changes
 from gateway.answers.events import parse
@@ -261,3 +263,66 @@ def test_the_historys_ids_are_read_in_each_dialect() -> None:
         input=[{"type": "function_call", "call_id": "c"}, {"type": "function_call_output", "call_id": "c"}]
     )
     assert history_ids(responses, "responses") == ["c", "c"]
+
+
+def ids_one_by_one(body: dict[str, Any], form: str) -> list[str]:
+    """The rule, read item by item: each id-bearing field in order, kept when a non-empty string."""
+    found: list[str] = []
+    items = body.get("input" if form == "responses" else "messages")
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if form == "chat":
+            candidates = [item.get("tool_call_id")]
+            calls = item.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                candidates.append(call.get("id") if isinstance(call, dict) else None)
+        elif form == "messages":
+            content = item.get("content")
+            candidates = [
+                block.get("id") if block.get("type") == "tool_use" else block.get("tool_use_id")
+                for block in (content if isinstance(content, list) else [])
+                if isinstance(block, dict)
+            ]
+        else:
+            candidates = [item.get("call_id")]
+        found += [value for value in candidates if isinstance(value, str) and value]
+    return found
+
+
+ODD = st.one_of(st.none(), st.integers(), st.just(""), st.just([]), st.sampled_from(["a", "b", "toolu_1"]))
+BLOCK = st.one_of(
+    ODD,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["tool_use", "tool_result", "text"]),
+            "id": ODD,
+            "tool_use_id": ODD,
+        },
+    ),
+)
+ITEM = st.one_of(
+    ODD,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "role": st.sampled_from(["user", "assistant", "tool"]),
+            "content": st.one_of(ODD, st.lists(BLOCK, max_size=4)),
+            "tool_call_id": ODD,
+            "tool_calls": st.one_of(
+                ODD, st.lists(st.one_of(ODD, st.fixed_dictionaries({}, optional={"id": ODD})), max_size=3)
+            ),
+            "call_id": ODD,
+        },
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.one_of(ODD, st.lists(ITEM, max_size=8)), form=st.sampled_from(["chat", "messages", "responses"])
+)
+def test_the_historys_ids_are_what_reading_item_by_item_finds(items: Any, form: str) -> None:
+    body = {"input" if form == "responses" else "messages": items}
+    assert history_ids(body, form) == ids_one_by_one(body, form)

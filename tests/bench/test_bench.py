@@ -587,6 +587,7 @@ def test_agent_body_bench_reports_every_case_after_every_request_was_answered(tm
     assert {(line["body"], line["contender"]) for line in lines} == {
         ("claude code, 50 KB", "gateway"),
         ("claude code, 50 KB, llama.cpp", "gateway"),
+        ("claude code, 150 turns later", "gateway"),
         ("small chat", "gateway"),
     }
     for line in lines:
@@ -621,10 +622,12 @@ def test_agent_body_bench_counts_instructions_for_every_case(tmp_path: Path) -> 
     assert {line["body"] for line in lines} == {
         "claude code, 50 KB",
         "claude code, 50 KB, llama.cpp",
+        "claude code, 150 turns later",
         "small chat",
     }
     by_body = {line["body"]: line["instructions"] for line in lines}
     # A request is hundreds of thousands of instructions: far more than the toggling of the count.
     assert all(count > 100_000 for count in by_body.values())
     assert by_body["claude code, 50 KB"] > by_body["small chat"]
+    assert by_body["claude code, 150 turns later"] > by_body["claude code, 50 KB"]
     assert stdout.startswith("Instructions per request")

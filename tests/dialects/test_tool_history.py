@@ -8,6 +8,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.dialects.tool_history import INTERRUPTED, history_id, tool_history
 
@@ -199,3 +201,189 @@ def test_tool_pairing_in_responses() -> None:
         ("function_call_output", "b"),
     ]
     assert notes == [("tool_history", "calls_answered=1,results_dropped=1")]
+
+
+def paired_turn_by_turn(messages: list[Any]) -> tuple[list[Any], int, int]:
+    """The `tool_pairing` rule for Messages as first written, every user turn rebuilt and compared:
+    (the history, results answered for the gateway, results dropped)."""
+    out: list[Any] = []
+    answered = dropped = 0
+    pending: list[Any] = []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "user" and isinstance(message.get("content"), str) and pending:
+            message = {**message, "content": [{"type": "text", "text": message["content"]}]}
+        if role == "user" and isinstance(message.get("content"), list):
+            content = message["content"]
+            kept = []
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    if block.get("tool_use_id") not in pending:
+                        dropped += 1
+                        continue
+                    pending.remove(block.get("tool_use_id"))
+                kept.append(block)
+            kept = [interrupted(i) for i in pending] + kept
+            answered += len(pending)
+            pending = []
+            if len(kept) != len(content) or any(a is not b for a, b in zip(kept, content, strict=True)):
+                if not kept:
+                    continue
+                message = {**message, "content": kept}
+        elif pending:
+            out.append({"role": "user", "content": [interrupted(i) for i in pending]})
+            answered += len(pending)
+            pending = []
+        if role == "assistant":
+            content = message.get("content")
+            pending = [
+                b.get("id")
+                for b in (content if isinstance(content, list) else [])
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+        out.append(message)
+    if pending:
+        out.append({"role": "user", "content": [interrupted(i) for i in pending]})
+        answered += len(pending)
+    return out, answered, dropped
+
+
+def interrupted(tool_use_id: Any) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": INTERRUPTED, "is_error": True}
+
+
+IDS = st.sampled_from(["t1", "t2", "t3", None])
+BLOCKS = st.lists(
+    st.one_of(
+        st.builds(lambda i: {"type": "tool_use", "id": i, "name": "Bash", "input": {}}, IDS),
+        st.builds(lambda i: {"type": "tool_result", "tool_use_id": i, "content": "out"}, IDS),
+        st.just({"type": "text", "text": "x"}),
+        st.just("not a block"),
+    ),
+    max_size=4,
+)
+TURNS = st.lists(
+    st.one_of(
+        st.builds(lambda c: {"role": "assistant", "content": c}, st.one_of(BLOCKS, st.just("text"))),
+        st.builds(lambda c: {"role": "user", "content": c}, st.one_of(BLOCKS, st.just("text"))),
+        st.just({"role": "system", "content": "s"}),
+        st.just("not a turn"),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=TURNS)
+def test_pairing_a_messages_history_matches_rebuilding_every_turn(messages: list[Any]) -> None:
+    body = {"messages": messages}
+    sent = copy.deepcopy(body)
+    notes = tool_history(body, "messages", strict=True)
+    expected, answered, dropped = paired_turn_by_turn(messages)
+    if answered or dropped:
+        assert body["messages"] == expected
+        counts = [f"calls_answered={answered}"] * bool(answered) + [f"results_dropped={dropped}"] * bool(
+            dropped
+        )
+        assert notes == [("tool_history", ",".join(counts))]
+        # A turn the rule left alone is the very object the client sent (copy-on-write).
+        kept = [any(turn is sent_turn for sent_turn in messages) for turn in expected]
+        assert [a is b for a, b in zip(body["messages"], expected, strict=True)] == kept
+    else:
+        assert body["messages"] is messages and notes == []
+    assert messages == sent["messages"]  # the client's history itself is never edited
+
+
+def chat_turn_by_turn(messages: list[Any], strict: bool) -> tuple[list[Any], int, int, int]:
+    """The chat rule as first written, every call list rebuilt and compared: (the history, ids
+    minted, results answered for the gateway, results dropped)."""
+    out: list[Any] = []
+    minted = answered = dropped = 0
+    pending: list[str] = []
+    for position, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool" and strict:
+            given = message.get("tool_call_id")
+            if not isinstance(given, str) and pending:
+                given = pending[0]
+                message = {**message, "tool_call_id": given}
+            if given not in pending:
+                dropped += 1
+                continue
+            pending.remove(given)
+        elif role != "tool":
+            if strict and pending:
+                out += [{"role": "tool", "tool_call_id": i, "content": INTERRUPTED} for i in pending]
+                answered += len(pending)
+            pending = []
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if isinstance(calls, list) and calls:
+            fixed = [
+                {**c, "id": history_id(position, n)}
+                if isinstance(c, dict) and not isinstance(c.get("id"), str)
+                else c
+                for n, c in enumerate(calls)
+            ]
+            changed = sum(a is not b for a, b in zip(fixed, calls, strict=True))
+            if changed:
+                message = {**message, "tool_calls": fixed}
+                minted += changed
+            pending = [str(c.get("id")) for c in fixed if isinstance(c, dict)]
+        out.append(message)
+    last = out[-1] if out else None
+    if pending and (strict or (isinstance(last, dict) and last.get("role") == "assistant")):
+        out += [{"role": "tool", "tool_call_id": i, "content": INTERRUPTED} for i in pending]
+        answered += len(pending)
+    return out, minted, answered, dropped
+
+
+CALLS = st.lists(
+    st.one_of(
+        st.builds(
+            lambda i: {"type": "function", "function": {"name": "Bash"}, **({} if i is None else {"id": i})},
+            IDS,
+        ),
+        st.just({"type": "function", "id": 7}),
+        st.just("not a call"),
+    ),
+    max_size=3,
+)
+CHAT_TURNS = st.lists(
+    st.one_of(
+        st.builds(lambda c: {"role": "assistant", "content": "", "tool_calls": c}, CALLS),
+        st.builds(
+            lambda i: {"role": "tool", "content": "out", **({} if i is None else {"tool_call_id": i})}, IDS
+        ),
+        st.just({"role": "user", "content": "go on"}),
+        st.just("not a turn"),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=CHAT_TURNS, strict=st.booleans())
+def test_a_chat_history_matches_rebuilding_every_call_list(messages: list[Any], strict: bool) -> None:
+    body = {"messages": messages}
+    sent = copy.deepcopy(body)
+    notes = tool_history(body, "chat", strict=strict)
+    expected, minted, answered, dropped = chat_turn_by_turn(messages, strict)
+    if minted or answered or dropped:
+        assert body["messages"] == expected
+        kept = [any(turn is sent_turn for sent_turn in messages) for turn in expected]
+        assert [a is b for a, b in zip(body["messages"], expected, strict=True)] == kept
+        counts = [
+            f"{name}={count}"
+            for name, count in (
+                ("ids_minted", minted),
+                ("calls_answered", answered),
+                ("results_dropped", dropped),
+            )
+            if count
+        ]
+        assert notes == [("tool_history", ",".join(counts))]
+    else:
+        assert body["messages"] is messages and notes == []
+    assert messages == sent["messages"]
