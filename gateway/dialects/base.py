@@ -48,9 +48,11 @@ def part_types(items: Any, key: str, content_key: str = "content") -> None:
         content = item.get(content_key) if isinstance(item, dict) else None
         if not isinstance(content, list):
             continue
-        for j, part in enumerate(content):
+        for part in content:  # every part of a long history: the index only for the error
             if isinstance(part, dict) and not isinstance(part.get("type", ""), _TYPE_NAME):
-                where = f"{key}[{i}].{content_key}[{j}].type"
+                # The first part equal to this one is this one: an earlier equal part would have
+                # failed first.
+                where = f"{key}[{i}].{content_key}[{content.index(part)}].type"
                 raise BadRequest(f"'{where}' must be a string", param=where)
 
 

@@ -124,3 +124,19 @@ routing: {default: a}
     )
     assert table.pattern_overlaps() == ["'claude-*haiku*' (b) is shadowed by 'claude-*' (a)"]
     assert table.resolve("claude-haiku-4", None, False).preset.name == "a"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "messages"])
+def test_a_part_type_that_is_no_string_is_named_by_its_place(endpoint: str) -> None:
+    text = {"type": "text", "text": "same"}
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "user", "content": [dict(text), dict(text), {"type": ["image"]}, {"type": ["image"]}]},
+        ],
+    }
+    with pytest.raises(BadRequest) as raised:
+        check_request(body, endpoint)
+    assert raised.value.param == "messages[1].content[2].type"
