@@ -71,7 +71,7 @@ def history_ids(body: dict[str, Any], form: str) -> list[str]:
     """The tool-call ids a request's history already uses (calls and results), in order.
 
     Read on every request that declares tools, over the whole history: comprehensions, not a call
-    per id (a 300-message Claude Code history: 166 us before, with a nested function per id)."""
+    per id (a 300-turn Claude Code history: 101 us, against 121 with a nested function per id)."""
     items = body.get("input" if form == "responses" else "messages")
     if not isinstance(items, list):
         return []
