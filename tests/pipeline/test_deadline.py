@@ -25,6 +25,17 @@ def later(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
 
 
+async def ending_of(task: asyncio.Future[None]) -> str:
+    """How a task running a deadline's block ended."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        return "cancelled"
+    except TimeoutError:
+        return "timed out"
+    return "finished"
+
+
 @pytest.mark.parametrize("deadline", KINDS)
 def test_a_block_past_its_deadline_ends_in_timeout_error(deadline: Callable[[float], Any]) -> None:
     async def run() -> str:
@@ -80,13 +91,7 @@ def test_a_cancel_from_outside_stays_a_cancel(deadline: Callable[[float], Any]) 
         task = asyncio.ensure_future(body(started))
         await started.wait()
         task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            return "cancelled"
-        except TimeoutError:
-            return "timed out"
-        return "finished"
+        return await ending_of(task)
 
     assert asyncio.run(run()) == "cancelled"
 
@@ -106,13 +111,7 @@ def test_a_cancel_from_outside_after_the_deadline_fired_stays_a_cancel(
                 await asyncio.sleep(0)
 
     async def run() -> str:
-        try:
-            await asyncio.ensure_future(body())
-        except asyncio.CancelledError:
-            return "cancelled"
-        except TimeoutError:
-            return "timed out"
-        return "finished"
+        return await ending_of(asyncio.ensure_future(body()))
 
     assert asyncio.run(run()) == "cancelled"
 
