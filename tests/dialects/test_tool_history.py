@@ -248,6 +248,13 @@ def paired_turn_by_turn(messages: list[Any]) -> tuple[list[Any], int, int]:
     return out, answered, dropped
 
 
+def history_notes(minted: int, answered: int, dropped: int) -> list[tuple[str, str]]:
+    """The `x-gateway-rewrites` note for these counts (none counted: no note)."""
+    named = (("ids_minted", minted), ("calls_answered", answered), ("results_dropped", dropped))
+    counts = [f"{name}={count}" for name, count in named if count]
+    return [("tool_history", ",".join(counts))] if counts else []
+
+
 def interrupted(tool_use_id: Any) -> dict[str, Any]:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": INTERRUPTED, "is_error": True}
 
@@ -283,10 +290,7 @@ def test_pairing_a_messages_history_matches_rebuilding_every_turn(messages: list
     expected, answered, dropped = paired_turn_by_turn(messages)
     if answered or dropped:
         assert body["messages"] == expected
-        counts = [f"calls_answered={answered}"] * bool(answered) + [f"results_dropped={dropped}"] * bool(
-            dropped
-        )
-        assert notes == [("tool_history", ",".join(counts))]
+        assert notes == history_notes(0, answered, dropped)
         # A turn the rule left alone is the very object the client sent (copy-on-write).
         kept = [any(turn is sent_turn for sent_turn in messages) for turn in expected]
         assert [a is b for a, b in zip(body["messages"], expected, strict=True)] == kept
@@ -374,16 +378,7 @@ def test_a_chat_history_matches_rebuilding_every_call_list(messages: list[Any], 
         assert body["messages"] == expected
         kept = [any(turn is sent_turn for sent_turn in messages) for turn in expected]
         assert [a is b for a, b in zip(body["messages"], expected, strict=True)] == kept
-        counts = [
-            f"{name}={count}"
-            for name, count in (
-                ("ids_minted", minted),
-                ("calls_answered", answered),
-                ("results_dropped", dropped),
-            )
-            if count
-        ]
-        assert notes == [("tool_history", ",".join(counts))]
+        assert notes == history_notes(minted, answered, dropped)
     else:
         assert body["messages"] is messages and notes == []
     assert messages == sent["messages"]

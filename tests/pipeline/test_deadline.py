@@ -134,5 +134,20 @@ def test_an_inner_deadline_times_out_its_own_block_only(deadline: Callable[[floa
 
 
 def test_a_deadline_outside_a_task_is_refused() -> None:
-    with pytest.raises(RuntimeError):
-        Deadline(0.0).__enter__()
+    """A loop callback runs in no task: there is nothing the deadline could cancel."""
+
+    async def run() -> str:
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def callback() -> None:
+            try:
+                Deadline(later(30)).__enter__()
+            except RuntimeError as error:
+                done.set_result(str(error))
+            else:
+                done.set_result("entered")
+
+        asyncio.get_running_loop().call_soon(callback)
+        return await done
+
+    assert asyncio.run(run()) == "a deadline needs a task to cancel"
