@@ -68,6 +68,10 @@ class KeyAuth:
         self.record = record
         self.clock = clock
         self.anonymous_admin = anonymous_admin
+        # A named key's client label and owner, by name, made once per keyring rather than per
+        # request (two strings and an Owner); checked against the identity the keyring returns.
+        self._named: dict[str, tuple[Identity, str, Owner]] = {}
+        self._named_of: Keyring | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = self.identify(scope, header_map(scope)) if scope["type"] == "http" else None
@@ -97,6 +101,15 @@ class KeyAuth:
             scope["gateway.client"] = "key:" + digest[:8]
             scope["gateway.owner"] = Owner("anon:" + digest[:32], admin)
         else:
-            scope["gateway.client"] = f"key:{identity.name}"
-            scope["gateway.owner"] = Owner(f"key:{identity.name}", admin)
+            scope["gateway.client"], scope["gateway.owner"] = self._named_labels(keyring, identity, admin)
         return None
+
+    def _named_labels(self, keyring: Keyring, identity: Identity, admin: bool) -> tuple[str, Owner]:
+        # `admin` follows from the identity alone for a named key: the identity is the check.
+        if keyring is not self._named_of:  # a reload: a name may now be another key
+            self._named, self._named_of = {}, keyring
+        held = self._named.get(identity.name)
+        if held is None or held[0] is not identity:
+            label = f"key:{identity.name}"
+            held = self._named[identity.name] = (identity, label, Owner(label, admin))
+        return held[1], held[2]

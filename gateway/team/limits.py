@@ -52,7 +52,7 @@ class KeyLimits:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Denial:
     """Why a key's request is refused now, and when the window admits one again."""
 
@@ -70,7 +70,9 @@ class Denial:
         )
 
 
-@dataclass(frozen=True)
+# Slots: a frozen dataclass sets each field through object.__setattr__, about twice as fast into a
+# slot as into a __dict__, and a Usage is made at the end of every request.
+@dataclass(frozen=True, slots=True)
 class Usage:
     """One answer's tokens as the engine reported them (prompt includes cached)."""
 

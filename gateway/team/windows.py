@@ -39,7 +39,8 @@ TOKEN_WINDOWS: dict[RateLimit, tuple[float, float]] = {
 UsageTable = dict[str, dict[str, dict[str, int]]]  # key -> preset -> field -> count
 
 
-@dataclass(frozen=True)
+# Slots, like Usage: both are made on every admission of a key with token limits.
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """The tokens an admitted request was expected to cost and the buckets they were counted in:
     (minute bucket, day bucket) of this process's windows and, when Redis admitted it, of Redis's
@@ -50,7 +51,7 @@ class Reservation:
     redis: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admission:
     """The counters' answer to one request: refused (and why), or admitted with a round-robin
     position for the preset and the reservation its `charge` settles."""
@@ -119,7 +120,7 @@ class TokenWindow:
         """Drops the buckets that left the window; returns the current bucket. No bucket older than
         the window is added between two prunes: `add` counts in the current bucket and `settle`
         only in one still inside the window."""
-        current = int(now // self.width)  # self.bucket(now), without a call: three times a request
+        current = int(now // self.width)  # self.bucket(now), without a call
         if current != self._pruned_at:
             self._pruned_at = current
             oldest = current - self.span + 1
@@ -129,7 +130,11 @@ class TokenWindow:
 
     def add(self, tokens: int, now: float) -> int:
         """Counts `tokens` in the current bucket; returns that bucket."""
-        index = self._prune(now)
+        index = int(now // self.width)
+        # The bucket is worked out here and `_prune` called only when it changed: a request makes
+        # six calls like this one, and the bucket changes once a second at most.
+        if index != self._pruned_at:
+            self._prune(now)
         if tokens:
             self._buckets[index] = self._buckets.get(index, 0) + tokens
             self._total += tokens
@@ -138,7 +143,10 @@ class TokenWindow:
     def settle(self, index: int, reserved: int, charged: int, now: float) -> None:
         """Replaces `reserved` tokens counted in bucket `index` by `charged`. A bucket that left
         the window is not touched: what it held no longer limits anyone."""
-        if index <= self._prune(now) - self.span:
+        current = int(now // self.width)
+        if current != self._pruned_at:
+            self._prune(now)
+        if index <= current - self.span:
             return
         held = self._buckets.get(index, 0)
         value = held + charged - reserved
@@ -149,7 +157,8 @@ class TokenWindow:
             self._total -= self._buckets.pop(index)
 
     def used(self, now: float) -> int:
-        self._prune(now)
+        if int(now // self.width) != self._pruned_at:
+            self._prune(now)
         return self._total
 
     def retry_after(self, allowed: int, now: float) -> float:
@@ -176,7 +185,9 @@ class LocalCounters:
         return None
 
     def check(self, key: str, limits: KeyLimits) -> Denial | None:
-        now = self._clock()
+        return self._check(key, limits, self._clock())
+
+    def _check(self, key: str, limits: KeyLimits, now: float) -> Denial | None:
         # The longest window first, as the Redis script checks them: the refusal that lasts.
         for limit, allowed in reversed(limits.rates):
             if limit == "requests_per_minute":
@@ -195,18 +206,21 @@ class LocalCounters:
         tokens in its token windows (no await in between: concurrent admissions see each other)."""
         if not limits.counted:
             return Admission(None, self.next_ticket(preset))  # nothing to check, count or reserve
-        denial = self.check(key, limits)
+        now = self._clock()  # one reading for the check, the log and the reservation
+        denial = self._check(key, limits, now)
         if denial is not None:
             return Admission(denial, 0)
         if limits.requests_per_minute is not None:
-            self._requests.setdefault(key, collections.deque()).append(self._clock())
-        reservation = self.reserve(key, reserve) if limits.tokens else None
+            self._requests.setdefault(key, collections.deque()).append(now)
+        reservation = self._reserve(key, reserve, now) if limits.tokens else None
         return Admission(None, self.next_ticket(preset), reservation)
 
     def reserve(self, key: str, tokens: int) -> Reservation:
         """Counts `tokens` in the key's token windows now, unchecked (`admit` checks first; the
         shared counters mirror here what Redis admitted)."""
-        now = self._clock()
+        return self._reserve(key, tokens, self._clock())
+
+    def _reserve(self, key: str, tokens: int, now: float) -> Reservation:
         windows = self._windows(key)
         tokens = max(0, tokens)
         minute = windows["tokens_per_minute"].add(tokens, now)
@@ -246,7 +260,17 @@ class LocalCounters:
     def charge_now(self, key: str, preset: str, usage: Usage, reservation: Reservation | None = None) -> None:
         """`charge` without a wait: in this process nothing needs one."""
         self.settle_tokens(key, usage.charged, reservation)
-        self.add_usage(self._today(), key, preset, usage_counts(usage))
+        table = self._days.get(self._today())
+        fields = table.get(key, {}).get(preset) if table is not None else None
+        if fields is None:  # the first answer of the key and preset today
+            self.add_usage(self._today(), key, preset, usage_counts(usage))
+            return
+        # The day's counts in place: what add_usage does, without a dict per answer to do it with.
+        fields["requests"] += 1
+        fields["prompt_tokens"] += usage.prompt_tokens
+        fields["cached_tokens"] += usage.cached_tokens
+        fields["completion_tokens"] += usage.completion_tokens
+        fields["reasoning_tokens"] += usage.reasoning_tokens
 
     def _today(self) -> dt.date:
         day = int(self._clock() // DAY)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.team.limits import KeyLimits, Usage
+from gateway.team.limits import USAGE_FIELDS, KeyLimits, Usage
 from gateway.team.windows import LocalCounters, TokenWindow, token_retry
 
 PROMPT = 7500  # a coding agent's first turn, roughly
@@ -297,3 +297,34 @@ def test_a_day_of_buckets_is_not_read_again_on_every_request() -> None:
         window.settle(index, 10, 12, now)
         window.used(now)
     assert reads == 0 and window.used(now) == 14400 + 100 * 12
+
+
+USAGES = st.builds(
+    Usage,
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+    st.integers(0, 10**5),
+    st.integers(0, 10**4),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    charges=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["dense", "moe"]), USAGES), max_size=30
+    )
+)
+def test_a_days_usage_is_the_sum_of_every_answer_charged_that_day(
+    charges: list[tuple[str, str, Usage]],
+) -> None:
+    """The first answer of a key and preset in a day makes its counts; the next ones add to them in
+    place. Either way every field of every answer is counted."""
+    counters = LocalCounters(Clock())
+    expected: dict[str, dict[str, dict[str, int]]] = {}
+    for key, preset, usage in charges:
+        run(counters.charge(key, preset, usage))
+        fields = expected.setdefault(key, {}).setdefault(preset, dict.fromkeys(USAGE_FIELDS, 0))
+        fields["requests"] += 1
+        for name in USAGE_FIELDS[1:]:
+            fields[name] += getattr(usage, name)
+    assert run(counters.usage(1)) == expected
