@@ -19,14 +19,17 @@ class Deadline:
     """`with Deadline(when):` inside a task: TimeoutError out of the block once the loop's clock
     passes `when` (a `loop.time()` value)."""
 
-    __slots__ = ("_cancelling", "_expired", "_handle", "_task", "when")
+    __slots__ = ("_cancelling", "_expired", "_handle", "_loop", "_task", "when")
 
-    def __init__(self, when: float) -> None:
+    def __init__(self, when: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the running loop, where the caller has it already (each call of
+        `asyncio.get_running_loop` makes a getpid system call on Python 3.11)."""
         self.when = when
+        self._loop = loop
         self._expired = False
 
     def __enter__(self) -> Deadline:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline needs a task to cancel")

@@ -253,7 +253,8 @@ class Proxy:
 
     async def send_and_relay(self, attempt: Attempt, plan: Plan, responder: Responder) -> None:
         ex, preset, settings = attempt.ex, attempt.pool.preset, self.ctx.settings
-        loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
+        loop = asyncio.get_running_loop()
+        loop_deadline = loop.time() + preset.timeouts.read
         # A streaming client is kept connected while the request waits (relay/keepalive.py).
         keepalive = (
             KeepAlive(responder, settings.keepalive_after, settings.keepalive_every)
@@ -262,7 +263,7 @@ class Proxy:
         )
         try:
             # One deadline for the whole answer, retries included.
-            with Deadline(loop_deadline):
+            with Deadline(loop_deadline, loop):
                 if preset.abort_on_disconnect:
                     response, replica = await self.dispatcher.open(attempt)
                 else:

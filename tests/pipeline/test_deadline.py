@@ -1,4 +1,5 @@
-"""The request's deadline behaves as asyncio.timeout_at does: each case runs with both."""
+"""The request's deadline behaves as asyncio.timeout_at does: each case runs with both (ours also
+given the loop, as the request path enters it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ async def ours(when: float) -> Any:
         yield
 
 
-KINDS: list[Callable[[float], Any]] = [ours, asyncio.timeout_at]
+@contextlib.asynccontextmanager
+async def ours_given_the_loop(when: float) -> Any:
+    with Deadline(when, asyncio.get_running_loop()):
+        yield
+
+
+KINDS: list[Callable[[float], Any]] = [ours, ours_given_the_loop, asyncio.timeout_at]
 
 
 def later(seconds: float) -> float:
