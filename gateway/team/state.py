@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
 import time
@@ -386,9 +385,7 @@ class SharedCounters:
                 # This process's windows hold the reservation too: if Redis goes away before the
                 # request ends, the limits go on seeing the requests in flight.
                 mirror = self.local.reserve(key, admission.reservation.tokens)
-                return dataclasses.replace(
-                    admission, reservation=dataclasses.replace(admission.reservation, local=mirror.local)
-                )
+                return admission._replace(reservation=admission.reservation._replace(local=mirror.local))
         return await self.local.admit(key, limits, preset, reserve)
 
     async def charge(

@@ -25,7 +25,7 @@ import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.team.limits import DAY, MINUTE, USAGE_FIELDS, Denial, KeyLimits, RateLimit, Usage
 
@@ -39,9 +39,8 @@ TOKEN_WINDOWS: dict[RateLimit, tuple[float, float]] = {
 UsageTable = dict[str, dict[str, dict[str, int]]]  # key -> preset -> field -> count
 
 
-# Slots, like Usage: both are made on every admission of a key with token limits.
-@dataclass(frozen=True, slots=True)
-class Reservation:
+# Named tuples, as Usage: both are made on every admission of a key with token limits.
+class Reservation(NamedTuple):
     """The tokens an admitted request was expected to cost and the buckets they were counted in:
     (minute bucket, day bucket) of this process's windows and, when Redis admitted it, of Redis's
     (whose clock may differ). Handed back unchanged to `charge` when the request ends."""
@@ -51,8 +50,7 @@ class Reservation:
     redis: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
     """The counters' answer to one request: refused (and why), or admitted with a round-robin
     position for the preset and the reservation its `charge` settles."""
 
@@ -189,13 +187,15 @@ class LocalCounters:
 
     def _check(self, key: str, limits: KeyLimits, now: float) -> Denial | None:
         # The longest window first, as the Redis script checks them: the refusal that lasts.
+        windows = None
         for limit, allowed in reversed(limits.rates):
             if limit == "requests_per_minute":
                 log = self._request_log(key, now)
                 if len(log) >= allowed:
                     return Denial(limit, allowed, len(log), max(log[0] + MINUTE - now, 0.001))
             else:
-                window = self._windows(key)[limit]
+                windows = windows or self._windows(key)
+                window = windows[limit]
                 used = window.used(now)
                 if used >= allowed:
                     return Denial(limit, allowed, used, window.retry_after(allowed, now))
@@ -211,7 +211,7 @@ class LocalCounters:
         if denial is not None:
             return Admission(denial, 0)
         if limits.requests_per_minute is not None:
-            self._requests.setdefault(key, collections.deque()).append(now)
+            self._request_log(key, now).append(now)
         reservation = self._reserve(key, reserve, now) if limits.tokens else None
         return Admission(None, self.next_ticket(preset), reservation)
 
@@ -302,7 +302,9 @@ class LocalCounters:
         return None
 
     def _request_log(self, key: str, now: float) -> collections.deque[float]:
-        log = self._requests.setdefault(key, collections.deque())
+        log = self._requests.get(key)
+        if log is None:  # not setdefault: its default would be a new deque on every call
+            log = self._requests[key] = collections.deque()
         while log and log[0] <= now - MINUTE:
             log.popleft()
         return log
