@@ -49,6 +49,7 @@ class Parsed(NamedTuple):
     blobs: Blobs  # long strings set aside (large bodies)
     tokens: int  # the prompt's tokens as estimated (walk.py)
     tools_json: ToolsJson | None  # the body's tool list as the walk serialised it, if it did
+    image_parts: bool  # whether the body may hold an image part (walk.py's BodyFacts)
 
 
 async def parse(raw: bytes | bytearray, settings: Settings, known: KnownTools | None = None) -> Parsed:
@@ -57,9 +58,9 @@ async def parse(raw: bytes | bytearray, settings: Settings, known: KnownTools | 
     thread, which reads them whole (the cache belongs to the event loop's thread)."""
     if len(raw) > settings.offload_bytes:
         body, blobs, tokens = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
-        return Parsed(body, blobs, tokens, None)
+        return Parsed(body, blobs, tokens, None, True)  # not looked for: the scans run
     body, facts = read_walked(raw, settings.max_json_depth, known)
-    return Parsed(body, Blobs(), facts.estimated_tokens, facts.tools_json)
+    return Parsed(body, Blobs(), facts.estimated_tokens, facts.tools_json, facts.image_parts)
 
 
 async def read_body(
@@ -244,22 +245,3 @@ def parse_large(raw: bytes | bytearray, max_depth: int) -> tuple[dict[str, Any],
 def _reason(exc: orjson.JSONDecodeError) -> str:
     # orjson's message names the position and the problem, never echoes the input.
     return str(exc).split(":", 1)[0][:120]
-
-
-IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
-
-
-def has_images(body: dict[str, Any]) -> bool:
-    """Structural: an image content part in any message. Never scans base64 data."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return False
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
-                    return True
-    return False

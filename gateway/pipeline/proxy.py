@@ -80,6 +80,7 @@ class Call:
     responder: Responder
     patience: float | None  # x-gateway-max-wait: how long the client waits for a load
     tools_json: ToolsJson | None = None  # the body's tool list serialised by the parse's walk
+    image_parts: bool = True  # the walk saw a part naming an image type (or did not look)
 
 
 class Proxy:
@@ -135,14 +136,14 @@ class Proxy:
         responder: Responder,
     ) -> None:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
-        body, blobs, tokens, tools_json = await parse(raw, settings, self.known_tools)
+        body, blobs, tokens, tools_json, image_parts = await parse(raw, settings, self.known_tools)
         check_request(body, endpoint)
         self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True
         responder.model = body.get("model")
         if settings.log_prompts:  # off by default: prompts are the users' data, not the operator's
             ex.prompt = body.get("messages", body.get("prompt", body.get("input")))
-        found = route(fleet.table, endpoint, body, headers.get("x-task"))
+        found = route(fleet.table, endpoint, body, headers.get("x-task"), image_parts)
         preset, identity = found.preset, ex.identity
         ex.preset, ex.route = preset.name, found.reason
         team.check_preset(identity, preset.name)
@@ -154,7 +155,18 @@ class Proxy:
         )
         ticket: int | None = admission.ticket
         ex.admitted, ex.reservation = True, admission.reservation
-        call = Call(endpoint, headers, len(raw), body, blobs, ex, responder, patience(headers), tools_json)
+        call = Call(
+            endpoint,
+            headers,
+            len(raw),
+            body,
+            blobs,
+            ex,
+            responder,
+            patience(headers),
+            tools_json,
+            image_parts,
+        )
         forbidden = headers.get("x-gateway-fallback", "").strip().lower() == "none"
         ctx = self.ctx
         fallbacks = Fallbacks(
@@ -190,7 +202,8 @@ class Proxy:
         plan = rewrite(
             call.body, preset, endpoint, want_usage=True, schemas=self.schemas, tools_json=call.tools_json
         )
-        if "tool_images" in preset.compat:
+        # The rewrite makes no image part, so a body whose walk saw none has no tool-result image.
+        if "tool_images" in preset.compat and call.image_parts:
             plan.notes += await self.tool_images.apply(
                 plan.body, call.blobs, vision=preset.vision, can_describe=table.images is not None
             )

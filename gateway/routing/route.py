@@ -32,12 +32,15 @@ def serves(preset: Preset, endpoint: Endpoint) -> bool:
     return not engines or any(engine in endpoint.upstream for engine in engines)
 
 
-def route(table: Table, endpoint: Endpoint, body: dict[str, Any], task_header: str | None) -> Route:
+def route(
+    table: Table, endpoint: Endpoint, body: dict[str, Any], task_header: str | None, image_parts: bool = True
+) -> Route:
     """Model, alias or pattern, else task, else the default; images to vision; then a preset with
-    the capability and an engine that serves the endpoint."""
+    the capability and an engine that serves the endpoint. `image_parts` False: the body's walk
+    saw no part naming an image type, so the scan for one is skipped."""
     model = body.get("model")
     task = requested_task(body, task_header)
-    found = table.resolve(model, task, endpoint.dialect.has_images(body))
+    found = table.resolve(model, task, image_parts and endpoint.dialect.has_images(body))
     if serves(found.preset, endpoint):
         return found
     # Only on a miss: the scan of every preset stays off the common path.

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from gateway.dialects.answer import Answer
@@ -61,3 +63,17 @@ def test_garbage_is_ignored() -> None:
     OPENAI.read_whole(answer, {"choices": "x", "usage": {"prompt_tokens": "many"}})
     OPENAI.read_event(answer, {"choices": [1, {"delta": "x"}]})
     assert answer.prompt_tokens is None and not answer.content_seen
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([{"role": "user", "content": "look at image_url please"}], False),
+        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], False),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:..."}}]}], True),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], True),
+        (["not a dict", {"role": "user", "content": None}], False),
+    ],
+)
+def test_images_are_found_structurally(messages: list[Any], expected: bool) -> None:
+    assert OPENAI.has_images({"messages": messages}) is expected

@@ -12,7 +12,6 @@ from gateway.pipeline.body import (
     MAX_RATIO,
     ClientGone,
     decompress,
-    has_images,
     long_digits,
     parse,
     read_body,
@@ -51,20 +50,6 @@ def test_depth_at_the_limit_is_fine() -> None:
 
 def test_duplicate_keys_collapse_to_the_last() -> None:
     assert read_object(b'{"model":"a","model":"b"}', 64)[0] == {"model": "b"}
-
-
-@pytest.mark.parametrize(
-    ("messages", "expected"),
-    [
-        ([{"role": "user", "content": "look at image_url please"}], False),
-        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], False),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:..."}}]}], True),
-        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], True),
-        (["not a dict", {"role": "user", "content": None}], False),
-    ],
-)
-def test_images_are_found_structurally(messages: list[Any], expected: bool) -> None:
-    assert has_images({"messages": messages}) is expected
 
 
 def feeder(*messages: dict[str, Any]) -> Any:

@@ -12,6 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.dialects.openai import IMAGE_PART_TYPES
+from gateway.dialects.registry import BY_NAME
+from gateway.dialects.tool_results import tool_images
 from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, KnownTools, walk
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"
@@ -202,7 +205,7 @@ def agreed(body: dict[str, Any], max_depth: int, known: KnownTools) -> None:
     plain, remembered = walk(body, max_depth), walk(body, max_depth, known)
     assert remembered.too_deep is plain.too_deep
     if not plain.too_deep:
-        assert remembered[:3] == plain[:3]
+        assert remembered[:3] == plain[:3] and remembered.image_parts is plain.image_parts
     if remembered.tools_json is not None:  # the list's own JSON, of the very list in the body
         assert remembered.tools_json.of(body["tools"]) == orjson.dumps(body["tools"])
         assert remembered.tools_json.of(list(body["tools"])) is None
@@ -260,3 +263,84 @@ def test_a_tool_list_deeper_than_orjson_writes_is_walked_and_not_remembered() ->
     known = KnownTools()
     assert walk(body, 1000, known) == walk(body, 1000)
     assert walk(body, 64, known).too_deep and len(known) == 0
+
+
+# --- image parts: whether the scans for them can find one -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"messages": [{"role": "user", "content": "look at image_url please"}]}, False),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "image"}]}]}, False),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
+            True,
+        ),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, True),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url"}}]}]}, True),
+        (  # an image inside a Messages tool result
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "content": [{"type": "image", "source": {}}]}],
+                    }
+                ]
+            },
+            True,
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}], "metadata": {"type": "image"}},
+            False,
+        ),
+    ],
+)
+def test_the_walk_says_whether_a_part_names_an_image_type(body: dict[str, Any], expected: bool) -> None:
+    assert walk(body, 64).image_parts is expected
+
+
+TYPES = st.sampled_from(
+    [*sorted(IMAGE_PART_TYPES), "text", "input_text", "tool_result", "tool_use", "function_call_output"]
+)
+PART = st.recursive(
+    st.fixed_dictionaries(
+        {"type": TYPES},
+        optional={
+            "text": st.just("image"),
+            "image_url": st.just({"url": "data:image/png;base64,AA"}) | st.just("u"),
+            "source": st.just({"type": "base64", "media_type": "image/png", "data": "AA"}),
+        },
+    ),
+    lambda inner: st.fixed_dictionaries(
+        {"type": TYPES},
+        optional={"content": st.lists(inner, max_size=3), "output": st.lists(inner, max_size=3)},
+    ),
+    max_leaves=8,
+)
+ITEM = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"])},
+    optional={
+        "type": TYPES,
+        "content": st.text(max_size=3) | st.lists(PART, max_size=3),
+        "output": st.lists(PART),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(ITEM, max_size=5), st.lists(ITEM, max_size=5), st.booleans())
+def test_where_the_walk_saw_no_image_part_no_scan_finds_one(
+    messages: list[Any], items: list[Any], tools: bool
+) -> None:
+    """What routing and the tool-result image step skip when the walk saw no image part: each
+    dialect's scan and the tool-result scan find nothing in such a body. And a body with an image
+    part, as routing or the step finds it, is always one the walk saw."""
+    body: dict[str, Any] = {"messages": messages, "input": items}
+    if tools:
+        body["tools"] = [{"name": "read", "input_schema": {"type": "object"}}]
+    body = orjson.loads(orjson.dumps(body))
+    found = [BY_NAME[name].dialect.has_images(body) for name in ("chat", "messages", "responses")]
+    found.append(bool(tool_images(body)))
+    for facts in (walk(body, 64), walk(body, 64, KnownTools())):
+        assert facts.image_parts or not any(found)
