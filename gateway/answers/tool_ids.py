@@ -43,11 +43,17 @@ class Ids:
     """The ids used so far (the history's, then the answer's) and the fresh ones given out."""
 
     def __init__(self, used: Iterable[str] = (), minter: Mint = mint) -> None:
-        self.used: set[str] = set()
-        for value in used:
-            if len(self.used) >= MAX_USED:
-                break
-            self.used.add(value)
+        self.used: set[str]
+        if isinstance(used, list) and len(used) <= MAX_USED:
+            # A history's ids (history_ids keeps at most that many): one set at C speed, where the
+            # loop below cost a call and a check per id of a long session.
+            self.used = set(used)
+        else:
+            self.used = set()
+            for value in used:
+                if len(self.used) >= MAX_USED:
+                    break
+                self.used.add(value)
         self.minter = minter
         self.minted = 0
 

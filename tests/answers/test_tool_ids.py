@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.answers.changes import Changes
 from gateway.answers.events import parse
-from gateway.answers.tool_ids import ChatIds, Ids, MessagesIds, ResponsesIds, history_ids, mint
+from gateway.answers.tool_ids import MAX_USED, ChatIds, Ids, MessagesIds, ResponsesIds, history_ids, mint
 from gateway.answers.tool_repair import tool_calls
 
 from .streams import (
@@ -326,3 +326,11 @@ ITEM = st.one_of(
 def test_the_historys_ids_are_what_reading_item_by_item_finds(items: Any, form: str) -> None:
     body = {"input" if form == "responses" else "messages": items}
     assert history_ids(body, form) == ids_one_by_one(body, form)
+
+
+def test_the_ids_remembered_from_a_history_are_bounded_whatever_it_holds() -> None:
+    within = [f"call_{i}" for i in range(1000)] * 2  # repeats count once
+    assert Ids(within).used == set(within)
+    many = [f"call_{i}" for i in range(MAX_USED + 10)]
+    assert len(Ids(many).used) == MAX_USED and len(Ids(iter(many)).used) == MAX_USED
+    assert Ids(iter(within)).used == set(within)
