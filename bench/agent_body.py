@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.proxycost.bodies import SMALL_BODY
 from bench.proxycost.host import terminate_cleanly
-from bench.proxycost.routes import routes_yaml
+from bench.proxycost.routes import TEAM_KEY, routes_yaml
 from bench.proxycost.side_by_side import arguments, contenders, race, report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ LONG_TURNS = 150  # tool rounds in the long session's history
 # Run in the contender's own interpreter: it imports only that revision's `gateway`.
 CHILD = r"""
 import asyncio, gc, json, sys, time
-routes, body_path, path, n, unserved, counting = sys.argv[1:7]
+routes, body_path, path, n, unserved, counting, key = sys.argv[1:8]
 counting = counting == "instructions"
 from gateway.settings import Settings
 from gateway.app import build_gateway, create_app
@@ -105,6 +105,8 @@ gateway = build_gateway(Settings(), parse_table(routes, "bench"), client=Instant
 app = create_app(gateway)
 headers = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
            (b"anthropic-version", b"2023-06-01"), (b"content-length", str(len(body)).encode())]
+if key:
+    headers.append((b"authorization", b"Bearer " + key.encode()))
 
 async def one():
     scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": path,
@@ -191,11 +193,11 @@ def long_session(captured: dict[str, Any], turns: int = LONG_TURNS) -> dict[str,
     return {**captured, "messages": history}
 
 
-def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
-    """(name, path, file, routes) of each case: the agent's body to a vLLM replica and to a
+def bodies(scratch: Path) -> list[tuple[str, str, Path, str, str]]:
+    """(name, path, file, routes, key) of each case: the agent's body to a vLLM replica and to a
     llama-server one (whose tool schemas the gateway fixes, and which it asks for a stream), the same
     request deep into a session (every step that reads the history reads 300 turns), and the small
-    chat body."""
+    chat body, open and sent with a named key that has every limit (`bench.gateway --with-team`'s)."""
     captured = json.loads(FIXTURE.read_text())["body"]
     agent = scratch / "agent.json"
     agent.write_bytes(json.dumps({**captured, "model": "bench", "stream": False}).encode())
@@ -206,11 +208,13 @@ def bodies(scratch: Path) -> list[tuple[str, str, Path, str]]:
     # No socket is opened: the upstream client answers in process.
     vllm = routes_yaml(18999, 18997)
     llamacpp = vllm.replace('"engine": "vllm"', '"engine": "llamacpp"')
+    keyed = routes_yaml(18999, 18997, team=True)
     return [
-        ("claude code, 50 KB", "/v1/messages", agent, vllm),
-        ("claude code, 50 KB, llama.cpp", "/v1/messages", agent, llamacpp),
-        (f"claude code, {LONG_TURNS} turns later", "/v1/messages", session, vllm),
-        ("small chat", "/v1/chat/completions", small, vllm),
+        ("claude code, 50 KB", "/v1/messages", agent, vllm, ""),
+        ("claude code, 50 KB, llama.cpp", "/v1/messages", agent, llamacpp, ""),
+        (f"claude code, {LONG_TURNS} turns later", "/v1/messages", session, vllm, ""),
+        ("small chat", "/v1/chat/completions", small, vllm, ""),
+        ("small chat, named key", "/v1/chat/completions", small, keyed, TEAM_KEY),
     ]
 
 
@@ -218,14 +222,15 @@ UNSERVED = 3  # the child's exit status when the revision has no such endpoint (
 
 
 def measure(
-    python: str, routes: str, body: Path, path: str, requests: int, instructions: bool = False
+    python: str, routes: str, body: Path, path: str, requests: int, instructions: bool = False, key: str = ""
 ) -> float | None:
     """CPU microseconds per request (or, with `instructions`, instructions per request), or None for
-    a revision without the endpoint."""
+    a revision without the endpoint; `key`: sent as a bearer token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["PYTHONPATH"] = ""  # the contender's own package, not this checkout's
     env["PYTHONHASHSEED"] = "0"  # the same dict and set layouts on every run: the same count
     child = [python, "-c", CHILD, routes, str(body), path, str(requests), str(UNSERVED)]
+    mode = "instructions" if instructions else "time"
     with tempfile.TemporaryDirectory() as scratch:
         if instructions:
             out_file = str(Path(scratch) / "callgrind.out")
@@ -235,9 +240,9 @@ def measure(
                 "--instr-atstart=no",
                 f"--callgrind-out-file={out_file}",
             ]
-            command = [*valgrind, *child, "instructions"]
+            command = [*valgrind, *child, mode, key]
         else:
-            command = ["taskset", "-c", "0", *child, "time"]
+            command = ["taskset", "-c", "0", *child, mode, key]
         out = subprocess.run(
             command, capture_output=True, text=True, timeout=1800, env=env, cwd="/", check=False
         )
@@ -273,10 +278,12 @@ def main() -> None:
     racers = contenders(args.against)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for label, path, body, routes in bodies(Path(scratch)):
+        for label, path, body, routes, key in bodies(Path(scratch)):
 
-            def one(python: str, routes: str = routes, body: Path = body, path: str = path) -> float | None:
-                return measure(python, routes, body, path, args.requests, args.instructions)
+            def one(
+                python: str, routes: str = routes, body: Path = body, path: str = path, key: str = key
+            ) -> float | None:
+                return measure(python, routes, body, path, args.requests, args.instructions, key)
 
             medians, samples = race(racers, args.rounds, one)
             rows.append((label, medians, samples))

@@ -589,6 +589,7 @@ def test_agent_body_bench_reports_every_case_after_every_request_was_answered(tm
         ("claude code, 50 KB, llama.cpp", "gateway"),
         ("claude code, 150 turns later", "gateway"),
         ("small chat", "gateway"),
+        ("small chat, named key", "gateway"),
     }
     for line in lines:
         assert finite_positive(line["cpu_us"]) and line["rounds"] == [line["cpu_us"]]
@@ -624,10 +625,12 @@ def test_agent_body_bench_counts_instructions_for_every_case(tmp_path: Path) -> 
         "claude code, 50 KB, llama.cpp",
         "claude code, 150 turns later",
         "small chat",
+        "small chat, named key",
     }
     by_body = {line["body"]: line["instructions"] for line in lines}
     # A request is hundreds of thousands of instructions: far more than the toggling of the count.
     assert all(count > 100_000 for count in by_body.values())
     assert by_body["claude code, 50 KB"] > by_body["small chat"]
     assert by_body["claude code, 150 turns later"] > by_body["claude code, 50 KB"]
+    assert by_body["small chat, named key"] > by_body["small chat"]  # the key's limits are counted
     assert stdout.startswith("Instructions per request")
