@@ -333,9 +333,8 @@ ITEM = st.fixed_dictionaries(
 def test_where_the_walk_saw_no_image_part_no_scan_finds_one(
     messages: list[Any], items: list[Any], tools: bool
 ) -> None:
-    """What routing and the tool-result image step skip when the walk saw no image part: each
-    dialect's scan and the tool-result scan find nothing in such a body. And a body with an image
-    part, as routing or the step finds it, is always one the walk saw."""
+    """Routing and the tool-result image step skip their scans where the walk saw no image part:
+    in such a body, no dialect's scan and no tool-result scan finds one."""
     body: dict[str, Any] = {"messages": messages, "input": items}
     if tools:
         body["tools"] = [{"name": "read", "input_schema": {"type": "object"}}]
