@@ -165,9 +165,10 @@ class AnthropicDialect(Dialect):
                 _stop(answer, delta.get("stop_reason"))
 
     # --- requests -------------------------------------------------------------------------------
-    def check(self, body: dict[str, Any], endpoint: str) -> None:
+    def check(self, body: dict[str, Any], endpoint: str, odd_types: bool = True) -> None:
         require_list(body, "messages")
-        part_types(body["messages"], "messages")
+        if odd_types:
+            part_types(body["messages"], "messages")
         optional(body, "system", (str, list), "a string or an array of text blocks")
         optional(body, "thinking", dict, "an object")
 

@@ -104,10 +104,11 @@ class OpenAIDialect(Dialect):
         return payload.get("choices") == [] and "usage" in payload
 
     # --- requests -------------------------------------------------------------------------------
-    def check(self, body: dict[str, Any], endpoint: str) -> None:
+    def check(self, body: dict[str, Any], endpoint: str, odd_types: bool = True) -> None:
         if endpoint == "chat":
             require_list(body, "messages")
-            part_types(body["messages"], "messages")
+            if odd_types:
+                part_types(body["messages"], "messages")
         elif "prompt" not in body:
             raise BadRequest("'prompt' is required", param="prompt")
         optional(body, "chat_template_kwargs", dict, "an object")

@@ -61,11 +61,11 @@ class Endpoint:
     # chat endpoint honours `id_slot` where the engine's own drops it (dialects/messages_chat.py).
     as_chat: frozenset[str] = frozenset()
 
-    def validate(self, body: dict[str, Any]) -> None:
+    def validate(self, body: dict[str, Any], odd_types: bool = True) -> None:
         if self.check is not None:
             self.check(body)
         else:
-            self.dialect.check(body, self.name)
+            self.dialect.check(body, self.name, odd_types)
 
     def serves(self, engine: str) -> bool:
         return engine in self.upstream

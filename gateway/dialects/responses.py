@@ -156,11 +156,12 @@ class ResponsesDialect(Dialect):
             self.read_whole(answer, response)
 
     # --- requests -------------------------------------------------------------------------------
-    def check(self, body: dict[str, Any], endpoint: str) -> None:
+    def check(self, body: dict[str, Any], endpoint: str, odd_types: bool = True) -> None:
         given = body.get("input")
         if not isinstance(given, (str, list)) or not given:
             raise BadRequest("'input' must be a non-empty string or array", param="input")
-        part_types(given, "input")
+        if odd_types:
+            part_types(given, "input")
         optional(body, "reasoning", dict, "an object")
         # The id names the stored answer a replica continues (and the replica it is on): only a
         # string can name one, and anything else would reach the engine unchecked.

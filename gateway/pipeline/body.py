@@ -50,6 +50,7 @@ class Parsed(NamedTuple):
     tokens: int  # the prompt's tokens as estimated (walk.py)
     tools_json: ToolsJson | None  # the body's tool list as the walk serialised it, if it did
     image_parts: bool  # whether the body may hold an image part (walk.py's BodyFacts)
+    odd_types: bool  # whether a part's type may be neither a string nor null (likewise)
 
 
 async def parse(raw: bytes | bytearray, settings: Settings, known: KnownTools | None = None) -> Parsed:
@@ -58,9 +59,9 @@ async def parse(raw: bytes | bytearray, settings: Settings, known: KnownTools | 
     thread, which reads them whole (the cache belongs to the event loop's thread)."""
     if len(raw) > settings.offload_bytes:
         body, blobs, tokens = await asyncio.to_thread(parse_large, raw, settings.max_json_depth)
-        return Parsed(body, blobs, tokens, None, True)  # not looked for: the scans run
+        return Parsed(body, blobs, tokens, None, True, True)  # not looked for: the scans run
     body, facts = read_walked(raw, settings.max_json_depth, known)
-    return Parsed(body, Blobs(), facts.estimated_tokens, facts.tools_json, facts.image_parts)
+    return Parsed(body, Blobs(), facts.estimated_tokens, facts.tools_json, facts.image_parts, facts.odd_types)
 
 
 async def read_body(

@@ -136,8 +136,8 @@ class Proxy:
         responder: Responder,
     ) -> None:
         settings, fleet, team = self.ctx.settings, self.ctx.fleet(), self.ctx.team
-        body, blobs, tokens, tools_json, image_parts = await parse(raw, settings, self.known_tools)
-        check_request(body, endpoint)
+        body, blobs, tokens, tools_json, image_parts, odd_types = await parse(raw, settings, self.known_tools)
+        check_request(body, endpoint, odd_types)
         self.stored.refuse_foreign(body, ex.owner)
         responder.streaming = endpoint.streams and body.get("stream") is True
         responder.model = body.get("model")

@@ -53,8 +53,9 @@ def _endpoint(endpoint: Endpoint | str) -> Endpoint:
     return BY_NAME[endpoint] if isinstance(endpoint, str) else endpoint
 
 
-def check_request(body: dict[str, Any], endpoint: Endpoint | str) -> None:
-    """Reject what no backend can serve before any replica is bothered with it."""
+def check_request(body: dict[str, Any], endpoint: Endpoint | str, odd_types: bool = True) -> None:
+    """Reject what no backend can serve before any replica is bothered with it. `odd_types` False:
+    the body's walk saw no `type` that is not a string or null, so the parts' types go unread."""
     spec = _endpoint(endpoint)
     for name in UPSTREAM_FIELDS:
         if name in body:
@@ -64,7 +65,7 @@ def check_request(body: dict[str, Any], endpoint: Endpoint | str) -> None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
-    spec.validate(body)
+    spec.validate(body, odd_types)
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
     if spec.budget:

@@ -7,10 +7,12 @@ long is its prompt text (the token estimate). Asked one at a time they cost thre
 depth, 43 for a byte scan for long digits, 35 for counting brackets, 65 for the estimate; this
 walk answers all three in about the time of the estimate alone).
 
-A fourth rides along: does any part of the prompt name an image type. Routing (vision) and the
-tool-result image step each scan the whole history for image parts, on every request; where the
-walk saw none, neither scan can find one, and neither runs (a 300-turn history: the two scans cost
-1.66 M instructions, the question 0.37 M more in the walk).
+Two more ride along, for checks that would each read the whole history again: does any part of
+the prompt name an image type, and does any dict of it hold a `type` that is not a string. Routing
+(vision) and the tool-result image step scan every turn for image parts, and each dialect's check
+reads every part's type; where the walk saw neither, those scans cannot find anything, and do not
+run (a 300-turn history: the scans cost 1.66 M and 0.80 M instructions, the questions 0.37 M and
+0.02 M more in the walk).
 
 Level by level, without recursion (the depth check cannot hit the recursion limit it guards
 against) and without a tuple per node (on a 64 KB chat body: 44 us with tuples, 19 us so).
@@ -67,6 +69,8 @@ class BodyFacts(NamedTuple):
     # Every image part a scan looks for (dialects' has_images, tool_results.tool_images) is such a
     # dict, so False means no scan would find one.
     image_parts: bool = True
+    # ... whose "type" is neither a string nor null: what base.part_types refuses in a part.
+    odd_types: bool = True
 
     @property
     def estimated_tokens(self) -> int:
@@ -120,6 +124,7 @@ def walk(body: dict[str, Any], max_depth: int, known: KnownTools | None = None) 
         rest.prompt_chars + listed.prompt_chars,
         listed.tools_json,
         rest.image_parts or listed.image_parts,
+        rest.odd_types or listed.odd_types,
     )
 
 
@@ -129,6 +134,7 @@ def _walk(body: dict[str, Any], max_depth: int, skip: str | None = None) -> Body
     chars = 0
     big = False
     images = False
+    odd = False
     text: list[Any] = []  # containers whose strings are prompt text
     other: list[Any] = []  # containers whose strings are not
     for key, child in body.items():
@@ -145,7 +151,7 @@ def _walk(body: dict[str, Any], max_depth: int, skip: str | None = None) -> Body
     depth = 2
     while text or other:
         if depth > max_depth:
-            return BodyFacts(True, big, chars, None, images)
+            return BodyFacts(True, big, chars, None, images, odd)
         text_below: list[Any] = []
         other_below: list[Any] = []
         for node in text:
@@ -170,10 +176,13 @@ def _walk(body: dict[str, Any], max_depth: int, skip: str | None = None) -> Body
                             # On the strings already in hand: a get per dict cost twice as much.
                             if key == "type" and child in IMAGE_PART_TYPES:
                                 images = True
-                    elif kind is dict or kind is list:
-                        (other_below if key in SKIP_KEYS else text_below).append(child)
-                    elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
-                        big = True
+                    else:
+                        if key == "type" and child is not None:
+                            odd = True
+                        if kind is dict or kind is list:
+                            (other_below if key in SKIP_KEYS else text_below).append(child)
+                        elif kind is float and not -BIG_FLOAT < child < BIG_FLOAT:
+                            big = True
         for node in other:
             if type(node) is list and len(node) > LONG_LIST and (numbers := _numbers(node)) is not None:
                 big = big or numbers
@@ -186,7 +195,7 @@ def _walk(body: dict[str, Any], max_depth: int, skip: str | None = None) -> Body
                     big = True
         text, other = text_below, other_below
         depth += 1
-    return BodyFacts(False, big, chars, None, images)
+    return BodyFacts(False, big, chars, None, images, odd)
 
 
 def _numbers(node: list[Any]) -> bool | None:

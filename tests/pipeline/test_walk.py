@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from gateway.dialects.openai import IMAGE_PART_TYPES
 from gateway.dialects.registry import BY_NAME
 from gateway.dialects.tool_results import tool_images
+from gateway.errors import BadRequest
+from gateway.pipeline.rewrite import check_request
 from gateway.pipeline.walk import PROMPT_KEYS, SKIP_KEYS, KnownTools, walk
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"
@@ -343,3 +345,46 @@ def test_where_the_walk_saw_no_image_part_no_scan_finds_one(
     found.append(bool(tool_images(body)))
     for facts in (walk(body, 64), walk(body, 64, KnownTools())):
         assert facts.image_parts or not any(found)
+
+
+# --- part types: whether the dialects' check of them can refuse one ---------------------------------
+
+ODD_TYPE = st.one_of(
+    st.none(), st.integers(-(2**31), 2**31), st.booleans(), st.lists(st.text(max_size=2), max_size=2)
+)
+TYPED = st.recursive(
+    st.fixed_dictionaries({}, optional={"type": TYPES | ODD_TYPE, "text": st.text(max_size=2)}),
+    lambda inner: st.fixed_dictionaries(
+        {}, optional={"type": TYPES | ODD_TYPE, "content": st.lists(inner, max_size=3), "input": inner}
+    ),
+    max_leaves=8,
+)
+TURN = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"])}, optional={"content": st.lists(TYPED, max_size=3)}
+)
+
+
+def refusal(body: dict[str, Any], endpoint: str, odd_types: bool) -> str | None:
+    try:
+        check_request(body, endpoint, odd_types)
+    except BadRequest as error:
+        return error.param
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TURN, min_size=1, max_size=4), st.sampled_from(["chat", "messages", "responses"]))
+def test_a_body_is_refused_for_a_part_type_whatever_the_walk_let_the_check_skip(
+    turns: list[Any], endpoint: str
+) -> None:
+    """Each dialect's check reads every part's type only where the walk saw a `type` that is
+    neither a string nor null; the refusal, and the place it names, are the same either way."""
+    body = orjson.loads(orjson.dumps({"input" if endpoint == "responses" else "messages": turns}))
+    facts = walk(body, 64)
+    assert refusal(body, endpoint, facts.odd_types) == refusal(body, endpoint, True)
+
+
+def test_a_part_whose_type_is_not_a_string_is_seen_by_the_walk() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "text"}, {"type": ["image"]}]}]}
+    assert walk(body, 64).odd_types and not walk({"messages": [{"content": [{"type": None}]}]}, 64).odd_types
+    assert refusal(body, "messages", walk(body, 64).odd_types) == "messages[0].content[1].type"
