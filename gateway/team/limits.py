@@ -18,7 +18,6 @@ WINDOW: dict[RateLimit, float] = {
     "tokens_per_minute": MINUTE,
     "tokens_per_day": DAY,
 }
-USAGE_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 
 
 @dataclass(frozen=True)
@@ -84,3 +83,7 @@ class Usage(NamedTuple):
     def charged(self) -> int:
         """What token limits count: prompt + completion."""
         return self.prompt_tokens + self.completion_tokens
+
+
+# A key's day of usage, per preset: its requests, and each of an answer's counts under its own name.
+USAGE_FIELDS = ("requests", *Usage._fields)

@@ -64,13 +64,7 @@ def day_of(now: float) -> dt.date:
 
 
 def usage_counts(usage: Usage) -> dict[str, int]:
-    return {
-        "requests": 1,
-        "prompt_tokens": usage.prompt_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "reasoning_tokens": usage.reasoning_tokens,
-    }
+    return {"requests": 1, **usage._asdict()}
 
 
 def add_counts(table: UsageTable, key: str, preset: str, counts: dict[str, int]) -> None:
@@ -267,10 +261,8 @@ class LocalCounters:
             return
         # The day's counts in place: what add_usage does, without a dict per answer to do it with.
         fields["requests"] += 1
-        fields["prompt_tokens"] += usage.prompt_tokens
-        fields["cached_tokens"] += usage.cached_tokens
-        fields["completion_tokens"] += usage.completion_tokens
-        fields["reasoning_tokens"] += usage.reasoning_tokens
+        for name, value in zip(Usage._fields, usage, strict=True):
+            fields[name] += value
 
     def _today(self) -> dt.date:
         day = int(self._clock() // DAY)
