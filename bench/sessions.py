@@ -227,6 +227,7 @@ async def post_stream(
     began = time.perf_counter()
     async with http.stream("POST", url, json=body, headers=headers) as response:
         out = Streamed(response.status_code, replica=response.headers.get("x-gateway-replica", "?"))
+        usage: dict[str, Any] = {}  # a Messages answer's usage, as its events report it
         if response.status_code != 200:
             await response.aread()
             return out
@@ -241,9 +242,14 @@ async def post_stream(
             if out.first_token is None and kind.endswith("delta"):
                 out.first_token = time.perf_counter() - began
             if kind == "message_start":
-                out.prompt, out.cached, _ = _usage("messages", event.get("message") or {})
+                usage = dict((event.get("message") or {}).get("usage") or {})
+                out.prompt, out.cached, _ = _usage("messages", {"usage": usage})
             elif kind == "message_delta":
-                out.completion = int((event.get("usage") or {}).get("output_tokens") or 0)
+                # Each figure the delta carries replaces the start's, as the Anthropic SDK reads
+                # them: a stream the gateway opened while its replica started began with a
+                # message_start of its own, and the prompt's cache figures come here instead.
+                usage |= {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
+                out.prompt, out.cached, out.completion = _usage("messages", {"usage": usage})
             elif kind == "response.completed":
                 out.prompt, out.cached, out.completion = _usage("responses", event.get("response") or {})
         if out.first_token is None:

@@ -31,6 +31,7 @@ from bench.sessions import (
     summarise,
 )
 from bench.support.gateway import run_gateway
+from gateway.fleet import supervisor
 from tests.support.harness import eventually
 
 SMALL = Shape(turns=3, tools=1, trim=300, tool_output=250, gap=(0.05, 0.3))
@@ -118,6 +119,16 @@ def test_a_swap_of_a_launched_replica_and_back_restores_its_codex_sessions(tiny_
 
 
 def test_a_swap_of_a_launched_replica_and_back_restores_its_claude_code_sessions(tiny_gguf: Path) -> None:
+    check_swap(run_swap("messages", SMALL, sessions=4))
+
+
+def test_a_claude_code_turn_that_waits_for_its_replica_to_start_still_hears_its_cache_figures(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every wait for a start is announced at once, as a slow start is under load: the gateway opens
+    # the stream with a message_start of its own, and the replica's cached tokens reach the client
+    # in the answer's message_delta instead.
+    monkeypatch.setattr(supervisor, "LOADING_FIRST", 0.0)
     check_swap(run_swap("messages", SMALL, sessions=4))
 
 
