@@ -127,6 +127,8 @@ class SlotMap:
     pending: dict[str, int] = field(default_factory=dict)
     stale: bool = False  # a request the engine placed has ended: read /slots before the next plan
     unplaced: int = 0  # requests of ours in flight that the engine placed itself: slots unknown
+    # Sessions placed here whose request still waits for a place (a full replica): key -> requests.
+    arriving: dict[str, int] = field(default_factory=dict)
     tasks: dict[int, int] = field(default_factory=dict)  # slot -> id_task last seen in /slots
     # Before a stop: the sessions saved to files, by slot, to restore after the next start.
     saved: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # slot -> (session, group, tokens)
@@ -176,9 +178,14 @@ class SlotMap:
         prefill_rate: float | None = None,
     ) -> CacheView:
         held = self.sessions.get(session) if session is not None else None
+        # A new session placed here that still waits for a place is one of its sessions already:
+        # else every newcomer during the wait would be placed as if it had not come.
+        count = len(self.sessions)
+        if self.arriving:
+            count += sum(key not in self.sessions for key in self.arriving)
         # Room for a new session: slots beyond the sessions it holds. Not the empty slots of the
         # picture: a session the engine placed itself (Messages) has a slot before GET /slots says which.
-        free = max(0, (self.slots or 0) - len(self.sessions))
+        free = max(0, (self.slots or 0) - count)
         displaced = 0
         if self.slots and not free and (held is None or held.slot is None):
             victim = self.lru_slot()
@@ -188,7 +195,7 @@ class SlotMap:
         group_here = group is not None and any(h.group == group for h in self.sessions.values())
         return CacheView(
             self.slots,
-            len(self.sessions),
+            count,
             free,
             held is not None,
             held.tokens if held is not None else 0,
@@ -224,6 +231,16 @@ class SlotMap:
         # No free slot: the engine picks its least recently used one and restores this session
         # from its memory tier (a pinned slot is never restored from it, measured).
         return SlotPlan(None, "tier")
+
+    def arrive(self, session: str) -> None:
+        """A request of `session` was placed here and waits for a place: counted until `arrived`."""
+        self.arriving[session] = self.arriving.get(session, 0) + 1
+
+    def arrived(self, session: str) -> None:
+        """Its wait is over: admitted (then `begin` holds the session) or given up."""
+        left = self.arriving.pop(session, 0) - 1
+        if left > 0:
+            self.arriving[session] = left
 
     def begin(self, session: str, group: str, plan: SlotPlan, now: float) -> None:
         self.stats.plans[plan.reason] = self.stats.plans.get(plan.reason, 0) + 1

@@ -277,11 +277,12 @@ class Dispatcher:
             raise NoUpstream(f"Preset '{pool.preset.name}' has no replicas", headers={"retry-after": "5"})
         ex.pick_reason = ex.pick_reason or pick.reason
         waits_for = _waits_for(pool, pick, session, attempt)
-        if waits_for is not None:
+        if waits_for is not None and session is not None:
             # The session's place was chosen by cost, its wait there included: it waits for that
             # replica rather than take a free place elsewhere and prefill its whole prompt again.
             pick = Pick((waits_for.name,), pick.reason)
             waits_for.waiting += 1
+            waits_for.cache.arrive(session.key)
         queued = self.clock()
         try:
             replica = await pool.admit(pick, attempt.deadline, attempt.batch)
@@ -290,8 +291,9 @@ class Dispatcher:
             return await self._try(attempt)
         finally:
             ex.queue_wait = (ex.queue_wait or 0.0) + (self.clock() - queued)
-            if waits_for is not None:
+            if waits_for is not None and session is not None:
                 waits_for.waiting -= 1
+                waits_for.cache.arrived(session.key)
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
         streamed = ex.stream or replica.engine in attempt.as_stream

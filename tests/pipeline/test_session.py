@@ -4,6 +4,7 @@ corrected from the answer, against a scripted UpstreamClient (no sockets)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -276,3 +277,41 @@ async def test_other_policies_never_pin_a_slot(policy: str) -> None:
     await send(engine, request(pool, "responses", Session("a" * 16, "a" * 16, "codex")))
     assert "id_slot" not in engine.sent[0][1]
     assert not pool.replicas[0].cache.sessions
+
+
+@pytest.mark.anyio
+async def test_a_new_session_waiting_for_a_full_replica_counts_there_and_the_next_goes_elsewhere() -> None:
+    table = """
+presets:
+  m:
+    served_model: m
+    policy: session
+    replicas:
+      - {name: r0, url: "http://127.0.0.1:9100", engine: llamacpp, max_in_flight: 1}
+      - {name: r1, url: "http://127.0.0.1:9101", engine: llamacpp, max_in_flight: 1}
+routing: {default: m}
+"""
+    pool = Fleet(parse_table(table), clock=lambda: 0.0).pools["m"]
+    r0, r1 = pool.replicas
+    for replica in pool.replicas:
+        replica.cache.resize(1)
+    # Every slot is taken: r0 holds one session, r1 two (one in its memory tier); r0 is busy.
+    r0.cache.restored(0, "a" * 16, "a" * 16, 500, 0.0)
+    r1.cache.restored(0, "b" * 16, "b" * 16, 500, 0.0)
+    r1.cache.restored(0, "e" * 16, "e" * 16, 500, 0.0)
+    r0.in_flight = 1
+    engine = Engine()
+    carol, dave = Session("c" * 16, "c" * 16, "codex"), Session("d" * 16, "d" * 16, "codex")
+    # Carol goes to the replica with fewer sessions per slot, and waits there for its place.
+    waiting = asyncio.create_task(send(engine, request(pool, "responses", carol)))
+    for _ in range(100):
+        if pool.queued:
+            break
+        await asyncio.sleep(0)
+    assert r0.waiting == 1 and not engine.sent
+    # Dave sees Carol on r0 already: two sessions each, and r0 has a queue.
+    assert pool.pick(pool.ticket(), session=dave.key, tokens=100).order[0] == "r1"
+    pool.release(r0)
+    await waiting
+    assert [url for url, _ in engine.sent] == ["http://127.0.0.1:9100/v1/responses"]
+    assert r0.cache.held(carol.key) is not None and not r0.cache.arriving and r0.waiting == 0

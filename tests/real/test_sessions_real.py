@@ -42,7 +42,7 @@ def test_eight_codex_sessions_on_two_replicas_of_four_slots_split_four_four_and_
 ) -> None:
     result = run_scenario("session", "responses", 8, SMALL)
     assert result["errors"] == 0, result["error_kinds"]
-    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}
+    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}, result
     assert result["sessions_on_one_replica"] == 8
     assert result["sessions_on_one_slot"] == 8
     assert result["of_ideal"] >= 0.98, result
@@ -53,7 +53,7 @@ def test_eight_claude_code_sessions_split_four_four_and_stay_in_their_slots(tiny
     # completions, pinned to their slots, and answers them as Messages.
     result = run_scenario("session", "messages", 8, SMALL)
     assert result["errors"] == 0, result["error_kinds"]
-    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}
+    assert result["sessions_by_first_replica"] == {"r0": 4, "r1": 4}, result
     assert result["sessions_on_one_replica"] == 8
     assert result["sessions_on_one_slot"] == 8
     assert result["of_ideal"] >= 0.98, result
@@ -64,7 +64,7 @@ def test_sixteen_sessions_on_eight_slots_keep_their_cache_across_turns(tiny_gguf
     shape = Shape(turns=4, tools=1, trim=300, tool_output=250, gap=(0.05, 0.3))
     result = run_scenario("session", dialect, 16, shape)
     assert result["errors"] == 0, result["error_kinds"]
-    assert result["sessions_by_first_replica"] == {"r0": 8, "r1": 8}
+    assert result["sessions_by_first_replica"] == {"r0": 8, "r1": 8}, result
     assert result["later_of_ideal"] >= 0.9, result
 
 
