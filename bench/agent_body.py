@@ -6,19 +6,21 @@
 `bench.gateway` measures the gateway with a small chat body; an agent's request is 20-70k tokens,
 and the steps that read the whole body (parse, depth, estimate, prefix fingerprint, encode) cost in
 proportion to it. This runs the gateway's ASGI app in process, with an upstream client that answers
-at once (no sockets, no server: what is left is the gateway's own Python), in four cases: the
+at once (no sockets, no server: what is left is the gateway's own Python), in five cases: the
 captured Claude Code request of tests/fixtures/agents (50 KB, `POST /v1/messages`) to a vLLM replica
 and to a llama-server one (which the gateway asks for a stream and whose tool schemas it fixes), the
 same request 150 tool rounds into its session (290 KB: every step that reads the history reads 300
-turns), and the bench's small chat body (`POST /v1/chat/completions`). Each contender is this
+turns), and the bench's small chat body (`POST /v1/chat/completions`), sent without a key and with
+`bench.gateway --with-team`'s named key (a team's limits and counters). Each contender is this
 checkout or a revision built by bench/proxycost/revisions.py (`--against`), in a process of its own
 pinned to core 0, alternated round by round; the result is the median CPU time per request and
 each revision's ratio.
 
 `--instructions` counts instead the instructions each request executes, under valgrind's callgrind
 (instrumentation switched on only around the measured requests): slow (each contender takes a few
-seconds per case under valgrind), but the same count on every run of the same code, where CPU time
-on a shared machine moves by 10-20 % from one run to the next. One round of 400 requests is its default.
+seconds per case under valgrind), and nearly the same count on every run of the same code (within
+about 1 %), where CPU time on a shared machine moves by 10-20 % from one run to the next. One round
+of 400 requests is its default.
 
 Results: a table on stdout and JSON lines appended to bench/results/agent_body.jsonl (or --out).
 """
