@@ -22,6 +22,7 @@ from bench.proxycost.host import BenchError, CoreWatch, pin, rss_mb
 from bench.proxycost.loadgen import call_child, child_argv, read_line
 from bench.proxycost.report import Recorder, percentile, summarise_profile, to_speedscope
 from bench.proxycost.revisions import Revision
+from bench.proxycost.side_by_side import in_turn
 from bench.proxycost.wrk import WrkResult, run_wrk
 
 
@@ -124,11 +125,12 @@ class Bench(Lineup):
         for number in range(plan.rounds):
             print(f"round {number + 1}/{plan.rounds}", file=sys.stderr, flush=True)
             tests = (("latency_1", "small", 1), ("rps_64", "small", 64), ("streams_32", "stream", 32))
+            order = in_turn(self.contenders, number)
             for test, script, connections in tests:
-                for contender in self.contenders:
+                for contender in order:
                     result = self._wrk(contender, script, connections)
                     results.setdefault((contender.name, test), []).append(result)
-            for contender in self.contenders:
+            for contender in order:
                 params = {
                     "port": contender.port,
                     "path": CHAT,

@@ -9,11 +9,13 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.proxycost.revisions import build_all, default_cache
+
+T = TypeVar("T")
 
 # One case's medians (None: a contender that cannot run it) and every round's figure, by contender.
 Row = tuple[str, dict[str, float | None], dict[str, list[float]]]
@@ -43,11 +45,12 @@ def race(
     racers: list[tuple[str, str]], rounds: int, measure: Callable[[str], float | None]
 ) -> tuple[dict[str, float | None], dict[str, list[float]]]:
     """`measure(python)` for each contender, alternated round by round: the medians and every
-    round's figure. A contender measured None (it cannot run the case) leaves the race."""
+    round's figure. A contender measured None (it cannot run the case) leaves the race. Each round
+    starts with the next contender (`in_turn`)."""
     samples: dict[str, list[float]] = {name: [] for name, _ in racers}
     running = list(racers)
-    for _ in range(rounds):
-        for name, python in list(running):
+    for turn in range(rounds):
+        for name, python in in_turn(running, turn):
             figure = measure(python)
             if figure is None:
                 running.remove((name, python))
@@ -55,6 +58,15 @@ def race(
                 samples[name].append(figure)
     medians = {name: statistics.median(values) if values else None for name, values in samples.items()}
     return medians, samples
+
+
+def in_turn(items: Sequence[T], turn: int) -> list[T]:
+    """`items` from the one whose turn it is to go first: measured round by round this way, none is
+    always measured first (just after a pause, or after another contender's process)."""
+    if not items:
+        return []
+    start = turn % len(items)
+    return [*items[start:], *items[:start]]
 
 
 def report(

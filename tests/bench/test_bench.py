@@ -634,3 +634,20 @@ def test_agent_body_bench_counts_instructions_for_every_case(tmp_path: Path) -> 
     assert by_body["claude code, 150 turns later"] > by_body["claude code, 50 KB"]
     assert by_body["small chat, named key"] > by_body["small chat"]  # the key's limits are counted
     assert stdout.startswith("Instructions per request")
+
+
+def test_side_by_side_contenders_take_turns_going_first_and_one_that_cannot_run_leaves() -> None:
+    from bench.proxycost.side_by_side import race
+
+    calls: list[str] = []
+
+    def measure(python: str) -> float | None:
+        calls.append(python)
+        return None if python == "c" and len(calls) > 3 else float(len(calls))
+
+    medians, samples = race([("A", "a"), ("B", "b"), ("C", "c")], 4, measure)
+    # The rounds start with a, then b; c cannot run from its second measurement on, and the two
+    # left take turns.
+    assert calls == ["a", "b", "c", "b", "c", "a", "a", "b", "b", "a"]
+    assert samples == {"A": [1.0, 6.0, 7.0, 10.0], "B": [2.0, 4.0, 8.0, 9.0], "C": [3.0]}
+    assert medians == {"A": 6.5, "B": 6.0, "C": 3.0}
