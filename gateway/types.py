@@ -1,4 +1,5 @@
-"""Names shared across the gateway, defined once: the ASGI callables, a clock, a JSON object."""
+"""Names shared across the gateway, defined once: the ASGI callables, a clock, a JSON object, a body
+as read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Clock = Callable[[], float]  # seconds, monotonic unless a test injects its own
 Json = dict[str, Any]  # a parsed JSON object
+# A body as an upstream client read it: gathered in a bytearray where it may be large, so that it is
+# not held twice (its pieces and their join) at its peak; every reader takes either.
+ReadBytes = bytes | bytearray
 
 
 def header_map(scope: Scope) -> dict[str, str]:

@@ -53,7 +53,7 @@ class CodexCalls(Change):
     """Turns the engine's function calls back into Codex's custom and namespaced tool calls."""
 
     name = "codex_calls"
-    markers = (
+    markers: tuple[bytes, ...] | None = (
         b'"function_call"',
         b"function_call_arguments",
         b'"response.completed"',

@@ -22,7 +22,7 @@ class ContextStop(Change):
     """`stop_reason: max_tokens` becomes `model_context_window_exceeded` while armed."""
 
     name = "context_stop"
-    markers = (b'"max_tokens"',)
+    markers: tuple[bytes, ...] | None = (b'"max_tokens"',)
 
     def __init__(self) -> None:
         self.done = True  # until an attempt's budget is lowered to the context's room

@@ -124,7 +124,7 @@ class ChatIds(Change):
     """Chat completions: `tool_calls[].id` unique, and each streamed call on an index of its own."""
 
     name = "tool_ids"
-    markers = (b'"tool_calls"',)  # chat events without a call pass as they came
+    markers: tuple[bytes, ...] | None = (b'"tool_calls"',)  # chat events without a call pass as they came
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids
@@ -241,7 +241,7 @@ class MessagesIds(Change):
     """Messages: each `tool_use` block's `id` unique; its input streamed as `input_json_delta`."""
 
     name = "tool_ids"
-    markers = (b'"tool_use"', b"input_json_delta")
+    markers: tuple[bytes, ...] | None = (b'"tool_use"', b"input_json_delta")
 
     @property
     def engaged(self) -> bool:
@@ -311,7 +311,12 @@ class ResponsesIds(Change):
     the final response); a function call's empty arguments become `{}`."""
 
     name = "tool_ids"
-    markers = (b'"function_call"', b'"custom_tool_call"', b"function_call_arguments", *_ENDS)
+    markers: tuple[bytes, ...] | None = (
+        b'"function_call"',
+        b'"custom_tool_call"',
+        b"function_call_arguments",
+        *_ENDS,
+    )
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids

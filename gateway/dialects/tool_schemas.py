@@ -37,6 +37,7 @@ import xxhash
 
 from gateway.dialects.base import Note
 from gateway.lru import Lru
+from gateway.types import ReadBytes
 
 LLAMACPP = "llamacpp"
 VLLM = "vllm"
@@ -459,7 +460,7 @@ def loosen(body: dict[str, Any], engine: str, message: str) -> tuple[dict[str, A
     return {**body, "tools": out}, ("tool_schemas", f"unconstrained_retry={len(chosen)}")
 
 
-def message_of(data: bytes) -> str:
+def message_of(data: ReadBytes) -> str:
     """An engine's error message from its 400 body (OpenAI's, Anthropic's or vLLM's envelope), read
     unscrubbed: the hints `loosen` reads (a pattern, a `$ref` URL) are in it. Bounded."""
     try:

@@ -18,6 +18,7 @@ import orjson
 
 from gateway.fleet.health import Probe
 from gateway.fleet.replicas import Fleet, Replica
+from gateway.types import ReadBytes
 from gateway.upstream import HeaderTimeout, IdleTimeout, UpstreamClient, UpstreamError
 
 log = logging.getLogger("gateway.fleet.prober")
@@ -87,7 +88,7 @@ class Prober:
             await read_slots(self._client, replica)
         return result
 
-    async def _fetch(self, replica: Replica, path: str) -> bytes | None:
+    async def _fetch(self, replica: Replica, path: str) -> ReadBytes | None:
         """The body of a 200 answer to a GET, or None (a failure here is not a health signal)."""
         try:
             status, body = await self._client.get(

@@ -33,6 +33,7 @@ from gateway.pipeline.rewrite import cap_to_context
 from gateway.pipeline.session import Session, digest
 from gateway.relay.replica_errors import ERROR_BODY_LIMIT
 from gateway.routing.balancer import POLICIES, Pick, retry_order
+from gateway.types import ReadBytes
 from gateway.upstream import (
     ConnectFailed,
     HeaderTimeout,
@@ -52,7 +53,7 @@ MAX_RETRY_AFTER_WAIT = 10.0
 class RetryableStatus(UpstreamError):
     kind = "retryable_status"
 
-    def __init__(self, status: int, body: bytes, retry_after: float | None) -> None:
+    def __init__(self, status: int, body: ReadBytes, retry_after: float | None) -> None:
         super().__init__(f"replica answered {status}")
         self.status, self.body, self.retry_after = status, body, retry_after
 

@@ -8,13 +8,14 @@ from gateway.errors import ContextExceeded, UpstreamFailure, UpstreamServerError
 from gateway.relay.replica_message import upstream_error
 from gateway.relay.respond import Responder
 from gateway.routing.fallback import context_error, context_numbers
+from gateway.types import ReadBytes
 from gateway.upstream import UpstreamResponse
 
 ERROR_BODY_LIMIT = 64 * 1024  # an upstream error body is read this far and no further
 
 
 async def relay_replica_error(
-    responder: Responder, response: UpstreamResponse, secrets: tuple[str, ...], data: bytes | None = None
+    responder: Responder, response: UpstreamResponse, secrets: tuple[str, ...], data: ReadBytes | None = None
 ) -> None:
     """A replica's answer with a status of 300 or more: its 4xx reaches the client with status and
     message kept; a redirect or a 5xx becomes the gateway's own failure (raised); a prompt the

@@ -9,6 +9,7 @@ import orjson
 
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai import OPENAI
+from gateway.types import ReadBytes
 
 FORWARDED_MESSAGE_LIMIT = 4096
 _CREDENTIAL = re.compile(
@@ -18,7 +19,7 @@ _URL = re.compile(r"\b(?:https?|wss?)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b
 
 
 def upstream_error(
-    status: int, raw: bytes, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
+    status: int, raw: ReadBytes, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
 ) -> tuple[str, str, str | int, str | None]:
     """A replica's 4xx as (message, type, code, param): its message scrubbed and bounded. Either
     engine may answer in either envelope."""
@@ -36,7 +37,7 @@ def upstream_error(
 
 
 def upstream_error_body(
-    status: int, raw: bytes, request_id: str, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
+    status: int, raw: ReadBytes, request_id: str, secrets: tuple[str, ...] = (), dialect: Dialect = OPENAI
 ) -> bytes:
     """A replica's 4xx keeps its status and message (scrubbed, bounded), in the client's own
     dialect's envelope."""

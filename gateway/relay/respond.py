@@ -20,7 +20,7 @@ from gateway.dialects.openai import OPENAI
 from gateway.errors import MAX_MESSAGE, GatewayError, NoUpstream
 from gateway.ops.exchange import Exchange
 from gateway.relay.replica_message import upstream_error, upstream_error_body
-from gateway.types import Send
+from gateway.types import ReadBytes, Send
 
 
 def gateway_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
@@ -107,7 +107,7 @@ class Responder:
         self.started = True
         self.ex.status = status
 
-    async def body(self, data: bytes, more: bool = True) -> None:
+    async def body(self, data: ReadBytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def fail(self, error: GatewayError) -> None:
@@ -139,7 +139,7 @@ class Responder:
         await self.start(reply.status, headers)
         await self.body(reply.body, more=False)
 
-    async def replica_error(self, status: int, data: bytes, secrets: tuple[str, ...]) -> None:
+    async def replica_error(self, status: int, data: ReadBytes, secrets: tuple[str, ...]) -> None:
         """A replica's own 4xx: its status and scrubbed message, in the client's envelope (or, on a
         stream the gateway opened, its error event)."""
         ex = self.ex

@@ -22,6 +22,7 @@ from gateway.errors import UpstreamFailure
 from gateway.ops.exchange import Exchange
 from gateway.relay.respond import Responder, gateway_headers
 from gateway.relay.sse import SseRelay
+from gateway.types import ReadBytes
 from gateway.upstream import UpstreamResponse
 
 # A non-streaming answer is held whole before it is sent (its length goes first); real ones are
@@ -71,7 +72,7 @@ async def relay_whole(
 _TAIL = 64 * 1024
 
 
-def _tail_usage(data: bytes) -> dict[str, Any] | None:
+def _tail_usage(data: ReadBytes) -> dict[str, Any] | None:
     """The answer's `usage` object, read from its last bytes (every engine writes it last or near
     the end), as a payload the dialects read usage from; None when it is not there."""
     tail = bytes(data[-_TAIL:])
@@ -152,7 +153,7 @@ def _message(error: Any) -> str:
     return f"The replica failed while answering: {str(text)[:300]}"
 
 
-async def _send(responder: Responder, status: int, content_type: str, data: bytes) -> None:
+async def _send(responder: Responder, status: int, content_type: str, data: ReadBytes) -> None:
     ex = responder.ex
     headers = [
         (b"content-type", content_type.encode("latin-1")),

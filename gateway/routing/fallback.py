@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.errors import FallbackReason as Reason
+from gateway.types import ReadBytes
 
 REASONS: tuple[Reason, ...] = ("down", "failed", "loading", "full", "context")
 # The engines' own words for a prompt past the context (vLLM, llama-server's error type and text).
@@ -78,7 +79,7 @@ def choose(
     return None
 
 
-def context_error(status: int, body: bytes) -> bool:
+def context_error(status: int, body: ReadBytes) -> bool:
     """An engine's refusal of a prompt longer than its context."""
     return status == 400 and _CONTEXT_ERROR.search(body[:65536]) is not None
 
@@ -89,7 +90,7 @@ _LLAMA_PROMPT = re.compile(rb'"n_prompt_tokens"\s*:\s*(\d+)')
 _LLAMA_CONTEXT = re.compile(rb'"n_ctx"\s*:\s*(\d+)')
 
 
-def context_numbers(body: bytes) -> tuple[int, int] | None:
+def context_numbers(body: ReadBytes) -> tuple[int, int] | None:
     """(prompt tokens, context) as an engine's context refusal counts them, where it says both."""
     head = body[:65536]
     found = _VLLM_NUMBERS.search(head)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import ClassVar, NamedTuple, Protocol
 
+from gateway.types import ReadBytes
+
 
 class UpstreamError(Exception):
     """A transport failure talking to a replica, whatever the client library; `kind` is its bounded
@@ -86,8 +88,9 @@ class UpstreamResponse(Protocol):
         """Body bytes as they arrive, without re-chunking."""
         ...
 
-    async def read(self, limit: int | None = None) -> bytes:
-        """The body, or its first `limit` bytes (the rest is never read)."""
+    async def read(self, limit: int | None = None) -> ReadBytes:
+        """The body, or its first `limit` bytes (the rest is never read); a client may gather it in
+        a bytearray, not to hold a large answer twice (its pieces and their join) at its peak."""
         ...
 
     async def close(self) -> None:
@@ -107,7 +110,7 @@ class UpstreamClient(Protocol):
         with DELETE)."""
         ...
 
-    async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
+    async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, ReadBytes]:
         """A small GET for probes; raises UpstreamError subclasses on failure."""
         ...
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.types import ReadBytes
 from gateway.upstream import (
     CHUNK_LIMIT,
     PROBE_BODY_LIMIT,
@@ -263,13 +264,13 @@ class _Response:
             return self._conn.take(CHUNK_LIMIT)
         raise StopAsyncIteration
 
-    async def read(self, limit: int | None = None) -> bytes:
+    async def read(self, limit: int | None = None) -> ReadBytes:
         # Gathered into one growing buffer, never joined at the end: a 60 MiB answer must not be held
         # twice (the pieces and their join) at its peak.
         out = bytearray()
         while (limit is None or len(out) < limit) and await self._fill():
             out += self._conn.take(1 << 62 if limit is None else limit - len(out))
-        return out  # type: ignore[return-value]  # bytes-like: every reader takes a bytearray too
+        return out
 
     async def close(self) -> None:
         if self._released:
@@ -301,7 +302,7 @@ class LeanClient:
         conn, reusable = await self._exchange(loop, method, url, headers, body, timeouts.connect, deadline)
         return _Response(self, conn, reusable, timeouts.idle, None)
 
-    async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, bytes]:
+    async def get(self, url: str, headers: list[tuple[str, str]], timeout: float) -> tuple[int, ReadBytes]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         conn, reusable = await self._exchange(loop, "GET", url, headers, b"", timeout, deadline)

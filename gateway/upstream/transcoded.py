@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+from gateway.types import ReadBytes
 from gateway.upstream import UpstreamResponse
 
 
@@ -38,7 +39,7 @@ class Transcoded:
         if tail:
             yield tail
 
-    async def read(self, limit: int | None = None) -> bytes:
+    async def read(self, limit: int | None = None) -> ReadBytes:
         if self.status >= 300:
             return await self._response.read(limit)
         body = bytearray()
