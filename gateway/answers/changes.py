@@ -21,7 +21,9 @@ class Change:
     name = "change"
     done = False  # nothing more to change: the rest of the stream may pass as bytes
     # The byte strings an event must hold for this change to care about it (None: every event);
-    # a block of events with none of them, while the change is not `engaged`, is not parsed.
+    # a block of events with none of them, while the change is not `engaged`, is not parsed. Each
+    # subclass that sets its own names this type again: a compiled class (mypyc) keeps the type an
+    # attribute was declared with, and a bare tuple would declare a narrower one.
     markers: tuple[bytes, ...] | None = None
 
     @property
