@@ -89,8 +89,8 @@ class UpstreamResponse(Protocol):
         ...
 
     async def read(self, limit: int | None = None) -> ReadBytes:
-        """The body, or its first `limit` bytes (the rest is never read); a client may gather it in
-        a bytearray, not to hold a large answer twice (its pieces and their join) at its peak."""
+        """The body, or its first `limit` bytes (the rest is never read); bytes or a bytearray
+        (`ReadBytes`)."""
         ...
 
     async def close(self) -> None:

@@ -47,7 +47,7 @@ class Transcoded:
             body += chunk
             if limit is not None and len(body) >= limit:
                 break
-        return bytes(body if limit is None else body[:limit])
+        return body if limit is None else body[:limit]  # not copied again: see ReadBytes
 
     async def close(self) -> None:
         await self._response.close()
