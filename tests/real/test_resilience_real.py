@@ -53,7 +53,10 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
     with run_gateway(routes(pair)) as gw:
 
         def client() -> None:
-            deadline = time.monotonic() + 12
+            # The clients stream until told to stop, however long the kill takes to come on a slow
+            # machine: a deadline from their own start once ran out before the kill, and then no
+            # stream began after it. This bound only keeps the loop finite if the test breaks.
+            deadline = time.monotonic() + 150
             while not stop.is_set() and time.monotonic() < deadline:
                 began_after_kill = killed.is_set()
                 # 1500 tokens last seconds: some streams are mid-answer at the kill.
@@ -71,7 +74,14 @@ def test_killing_a_replica_under_load_loses_no_request_that_had_no_byte(
             assert eventually(lambda: mid_answer(pair[0], 1500), 30), "r0 never was mid-answer"
             pair[0].kill()
             killed.set()
-            time.sleep(5)
+
+            # Every client finishes a stream it began after the kill (cut ones restart at once, the
+            # others when the survivor has served them), then all stop.
+            def all_began_one() -> bool:
+                with lock:
+                    return sum(after_kill.values()) >= 8
+
+            eventually(all_began_one, 90)
             stop.set()
             for future in futures:
                 future.result(timeout=120)
