@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -304,6 +304,8 @@ def _dumps(value: Any) -> str:
 # --- Responses ----------------------------------------------------------------------------------
 
 CALL_ITEMS = ("function_call", "custom_tool_call")
+# Final, so that a compiled class (mypyc) takes it as a constant default.
+_RESPONSES_MARKERS: Final = (b'"function_call"', b'"custom_tool_call"', b"function_call_arguments", *_ENDS)
 
 
 class ResponsesIds(Change):
@@ -311,12 +313,7 @@ class ResponsesIds(Change):
     the final response); a function call's empty arguments become `{}`."""
 
     name = "tool_ids"
-    markers: tuple[bytes, ...] | None = (
-        b'"function_call"',
-        b'"custom_tool_call"',
-        b"function_call_arguments",
-        *_ENDS,
-    )
+    markers: tuple[bytes, ...] | None = _RESPONSES_MARKERS
 
     def __init__(self, ids: Ids) -> None:
         self.ids = ids

@@ -225,9 +225,10 @@ def _finish(reason: Any) -> Any:
 # --- Anthropic Messages -------------------------------------------------------------------------
 
 
-class _Renumbering:
+class _Renumbering(Change):
     """The client's block (Messages) or output (Responses) indexes for the engine's: a block the
-    repair opens, or text it holds back, shifts the ones after it. `FIELD` names the index."""
+    repair opens, or text it holds back, shifts the ones after it. `FIELD` names the index. A
+    change itself rather than a mixin beside one: a compiled class (mypyc) has a single base."""
 
     FIELD: ClassVar[str]
     next: int  # the client's next index
@@ -257,7 +258,7 @@ class _TextBlock:
         self.out: int | None = None  # its index for the client, once its start went out
 
 
-class MessagesRepair(_Renumbering, Change):
+class MessagesRepair(_Renumbering):
     """Anthropic Messages: a text block's calls become `tool_use` blocks after it (a block left
     empty is not sent at all); the blocks after are numbered on."""
 
@@ -441,7 +442,7 @@ class _Message:
         self.calls: list[Call] = []
 
 
-class ResponsesRepair(_Renumbering, Change):
+class ResponsesRepair(_Renumbering):
     """Responses: a message item's calls become `function_call` items after it (an item left empty
     is not sent); `output_index` and `sequence_number` are numbered on, and the final response's
     `output` is what the client was sent."""

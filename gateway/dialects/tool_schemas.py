@@ -389,7 +389,7 @@ def _hinted(message: str, schema: dict[str, Any]) -> bool:
 
 
 def _constrained(schema: dict[str, Any]) -> bool:
-    return any(CONSTRAINTS & sub.keys() for sub in subschemas(schema))
+    return any(not CONSTRAINTS.isdisjoint(sub) for sub in subschemas(schema))
 
 
 def failing_tools(tools: list[Any], engine: str, message: str) -> list[int]:

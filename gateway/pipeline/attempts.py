@@ -175,20 +175,21 @@ class Dispatcher:
         try:
             try:
                 return await self._try(attempt)
-            except RETRYABLE as first:
-                retries = attempt.pool.preset.retries
-                if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
-                    raise
-                # Counted while retrying, not for the whole answer: a retried stream that got its
-                # headers is an ordinary request again, and minutes-long streams must not use
-                # up the budget a replica's crash needs.
-                self.budget.retrying += 1
-                try:
-                    attempt.ex.retries.append(first.kind)
-                    await self.sleep(self._wait_after(first, attempt))
-                    return await self._retry(attempt, retries.attempts - 1)
-                finally:
-                    self.budget.retrying -= 1
+            except RETRYABLE as error:
+                first = error  # retried outside the handler: no await in one (DESIGN.md, compiled)
+            retries = attempt.pool.preset.retries
+            if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
+                raise first
+            # Counted while retrying, not for the whole answer: a retried stream that got its
+            # headers is an ordinary request again, and minutes-long streams must not use
+            # up the budget a replica's crash needs.
+            self.budget.retrying += 1
+            try:
+                attempt.ex.retries.append(first.kind)
+                await self.sleep(self._wait_after(first, attempt))
+                return await self._retry(attempt, retries.attempts - 1)
+            finally:
+                self.budget.retrying -= 1
         except UpstreamError as error:
             raise _final_error(error, attempt) from None
 
@@ -285,16 +286,20 @@ class Dispatcher:
             waits_for.waiting += 1
             waits_for.cache.arrive(session.key)
         queued = self.clock()
+        admitted: Replica | None = None
         try:
-            replica = await pool.admit(pick, attempt.deadline, attempt.batch)
+            admitted = await pool.admit(pick, attempt.deadline, attempt.batch)
         except PoolRetired:
-            self._repool(attempt)
-            return await self._try(attempt)
+            pass
         finally:
             ex.queue_wait = (ex.queue_wait or 0.0) + (self.clock() - queued)
             if waits_for is not None and session is not None:
                 waits_for.waiting -= 1
                 waits_for.cache.arrived(session.key)
+        if admitted is None:  # its pool was retired by a reload while it queued
+            self._repool(attempt)
+            return await self._try(attempt)
+        replica = admitted
         attempt.tried.append(replica.name)
         ex.replica, ex.engine = replica.name, replica.engine
         streamed = ex.stream or replica.engine in attempt.as_stream
@@ -339,13 +344,18 @@ class Dispatcher:
             raise
         status = response.status
         if status in RETRYABLE_STATUS:
+            detail: ReadBytes = b""
+            failed: BaseException | None = None
             try:
                 detail = await response.read(ERROR_BODY_LIMIT)
             except UpstreamError:
-                detail = b""
-            finally:
-                await response.close()
-                attempt.release(replica)
+                pass
+            except BaseException as error:
+                failed = error
+            await response.close()
+            attempt.release(replica)
+            if failed is not None:
+                raise failed
             self._failed(ex, replica, f"status_{status}", "server_error")
             raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
@@ -481,14 +491,18 @@ def _session(attempt: Attempt) -> Session | None:
 async def _drain(
     response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
 ) -> None:
+    failed: BaseException | None = None
     try:
         async with asyncio.timeout_at(loop_deadline):
             async for _ in response.chunks():
                 pass
     except (TimeoutError, UpstreamError):
         pass
-    finally:
-        await finish(response, release, replica)
+    except BaseException as error:
+        failed = error
+    await finish(response, release, replica)
+    if failed is not None:
+        raise failed
 
 
 async def finish(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:

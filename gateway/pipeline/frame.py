@@ -121,18 +121,22 @@ class Frame:
     ) -> None:
         """Runs `work` while watching for the client leaving; says so in the record when it does."""
         ex = responder.ex
+        stopping: asyncio.CancelledError | None = None
         with Watching(receive, link) as presence:
             try:
                 await work
-            except asyncio.CancelledError:
-                if not presence.client_left:
-                    # The server is stopping and the drain period is over: say so rather than go silent.
-                    with contextlib.suppress(Exception):
-                        await responder.shutdown()
-                    raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                ex.outcome = "client_disconnected"
-                ex.disconnect_phase = "streaming" if responder.started else "waiting"
+            except asyncio.CancelledError as cancelled:
+                if presence.client_left:
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    ex.outcome = "client_disconnected"
+                    ex.disconnect_phase = "streaming" if responder.started else "waiting"
+                else:
+                    stopping = cancelled
+            if stopping is not None:
+                # The server is stopping and the drain period is over: say so rather than go silent.
+                with contextlib.suppress(Exception):
+                    await responder.shutdown()
+                raise stopping
 
     async def serve(self, responder: Responder, steps: Coroutine[Any, Any, None]) -> None:
         """Runs the steps; a failure before a replica's answer started becomes the gateway's reply,
@@ -140,7 +144,11 @@ class Frame:
         ex = responder.ex
         try:
             await steps
-        except GatewayError as error:
+            return
+        except Exception as failure:
+            exc = failure
+        if isinstance(exc, GatewayError):
+            error = exc
             if responder.started and not responder.opened:
                 await _cut(responder, error, error.message, str(error.code))
                 return
@@ -152,7 +160,7 @@ class Frame:
             if responder.opened or ex.outcome == "completed":
                 ex.outcome = "upstream_error" if ex.attempts else "rejected"
             await responder.fail(error)
-        except Exception as exc:
+        else:
             log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
             message = f"The gateway failed on this request; request {ex.request_id}"
             if responder.started and not responder.opened:

@@ -112,6 +112,7 @@ class Proxy:
         link: ClientLink | None = scope.get("gateway.link")  # from the gateway's own server
         self.frame.begin()
         try:
+            refused: GatewayError | None = None
             try:
                 arrived = link is not None and link.body_complete
                 raw = await read_request(receive, headers, self.ctx.settings, arrived)
@@ -119,8 +120,10 @@ class Proxy:
                 ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
                 return
             except GatewayError as error:
+                refused = error
+            if refused is not None:
                 ex.outcome = "rejected"
-                await responder.fail(error)
+                await responder.fail(refused)
                 return
             steps = self._steps(endpoint, headers, raw, ex, responder)
             await self.frame.watched(receive, responder, self.frame.serve(responder, steps), link)
@@ -228,12 +231,15 @@ class Proxy:
             return
         try:
             await self.send_and_relay(attempt, plan, call.responder)
-        except _Loosened as refusal:  # once: the plan now says so, and the retry cannot raise it
-            plan.body, plan.loosened = refusal.body, True
-            ex.rewrites.append(refusal.note)
-            await self.send_and_relay(
-                self._attempt(call, preset, plan, ticket, tokens, key), plan, call.responder
-            )
+            return
+        except _Loosened as error:
+            refusal = error
+        # Once: the plan now says so, and the retry cannot raise it.
+        plan.body, plan.loosened = refusal.body, True
+        ex.rewrites.append(refusal.note)
+        await self.send_and_relay(
+            self._attempt(call, preset, plan, ticket, tokens, key), plan, call.responder
+        )
 
     def _attempt(
         self, call: Call, preset: Preset, plan: Plan, ticket: int | None, tokens: int, key: str | None
@@ -274,6 +280,7 @@ class Proxy:
             if plan.stream and not responder.started
             else None
         )
+        failed: BaseException | None = None
         try:
             # One deadline for the whole answer, retries included.
             with Deadline(loop_deadline, loop):
@@ -282,18 +289,19 @@ class Proxy:
                 else:
                     response, replica = await self.dispatcher.open_detachable(attempt, loop_deadline)
                 await self._relay(attempt, plan, response, replica, responder, loop_deadline, keepalive)
-        except TimeoutError:
-            if keepalive is not None:
-                await keepalive.stop()
+        except BaseException as error:
+            failed = error
+        if keepalive is not None:
+            await keepalive.stop()
+        if isinstance(failed, TimeoutError):
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
             if not responder.started or responder.opened:
-                raise GatewayTimeout(message, code="deadline_exceeded") from None
+                raise GatewayTimeout(message, code="deadline_exceeded")
             if ex.stream:
                 await responder.end(f"{message}; request {ex.request_id}", "deadline_exceeded")
-        finally:
-            if keepalive is not None:
-                await keepalive.stop()
+        elif failed is not None:
+            raise failed
 
     async def _relay(
         self,
@@ -306,6 +314,7 @@ class Proxy:
         keepalive: KeepAlive | None,
     ) -> None:
         detach = False
+        failed: BaseException | None = None
         ex, settings = attempt.ex, self.ctx.settings
         # attempt.pool, not the pool it started in: a reload while it queued moves it to the new table's.
         preset = attempt.pool.preset
@@ -348,22 +357,25 @@ class Proxy:
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
-            raise UpstreamFailure("The replica's answer broke off", code="upstream_disconnected") from None
-        except asyncio.CancelledError:
+            failed = UpstreamFailure("The replica's answer broke off", code="upstream_disconnected")
+        except asyncio.CancelledError as cancelled:
             # A cancellation is the deadline, the client leaving or the server stopping; only the
             # last two may leave a detachable answer running.
             detach = not preset.abort_on_disconnect and asyncio.get_running_loop().time() < loop_deadline
-            raise
-        finally:
-            if attempt.endpoint.stores and ex.answer.response_id:
-                self.stored.remember(ex.answer.response_id, preset.name, replica.name, ex.owner)
-            if ex.answer.prompt_tokens:
-                replica.prompt_tokens += ex.answer.prompt_tokens
-                replica.cached_tokens += ex.answer.cached_tokens or 0
-            if detach:
-                self.dispatcher.drain_later(response, attempt, replica, loop_deadline)
-            else:
-                await finish(response, attempt.release, replica)
+            failed = cancelled
+        except BaseException as error:
+            failed = error
+        if attempt.endpoint.stores and ex.answer.response_id:
+            self.stored.remember(ex.answer.response_id, preset.name, replica.name, ex.owner)
+        if ex.answer.prompt_tokens:
+            replica.prompt_tokens += ex.answer.prompt_tokens
+            replica.cached_tokens += ex.answer.cached_tokens or 0
+        if detach:
+            self.dispatcher.drain_later(response, attempt, replica, loop_deadline)
+        else:
+            await finish(response, attempt.release, replica)
+        if failed is not None:
+            raise failed
 
 
 def _is_stream(response: UpstreamResponse) -> bool:

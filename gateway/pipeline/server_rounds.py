@@ -23,6 +23,7 @@ from gateway.servertools import loop as server_tools
 from gateway.servertools.execute import Executor
 from gateway.servertools.sse import events as server_tool_events
 from gateway.settings import Settings
+from gateway.types import ReadBytes
 
 
 class _Answered(Exception):
@@ -48,41 +49,52 @@ async def serve_rounds(
     async def send(body: dict[str, Any]) -> dict[str, Any]:
         attempt = dataclasses.replace(first, body=body, tried=[], refused=[], encoded={})
         response, replica = await dispatcher.open(attempt)
+        data: ReadBytes | None = None
+        failed: BaseException | None = None
         try:
             if response.status >= 300:
                 secret = replica.api_key()
                 await relay_replica_error(responder, response, (secret,) if secret else ())
-                raise _Answered
-            data = await response.read(settings.max_answer_bytes + 1)
-            try:
-                payload = orjson.loads(data) if len(data) <= settings.max_answer_bytes else None
-            except orjson.JSONDecodeError:
-                payload = None
-            if not isinstance(payload, dict):
-                raise UpstreamFailure("The replica's answer was not a JSON object", code="upstream_error")
-            return payload
-        finally:
-            await finish(response, attempt.release, replica)
+            else:
+                data = await response.read(settings.max_answer_bytes + 1)
+        except BaseException as error:
+            failed = error
+        await finish(response, attempt.release, replica)
+        if failed is not None:
+            raise failed
+        if data is None:
+            raise _Answered
+        try:
+            payload = orjson.loads(data) if len(data) <= settings.max_answer_bytes else None
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise UpstreamFailure("The replica's answer was not a JSON object", code="upstream_error")
+        return payload
 
     keepalive = (
         KeepAlive(responder, settings.keepalive_after, settings.keepalive_every) if plan.stream else None
     )
     loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
+    failed: BaseException | None = None
     try:
         async with asyncio.timeout_at(loop_deadline):
             ran = await server_tools.Loop(config, Executor(config.search, config.fetch)).run(
                 plan.body, server, send
             )
-    except _Answered:
+    except BaseException as error:
+        failed = error
+    if keepalive is not None:
+        await keepalive.stop()
+    if isinstance(failed, _Answered):
         return
-    except TimeoutError:
+    if isinstance(failed, TimeoutError):
         raise GatewayTimeout(
             f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
             code="deadline_exceeded",
-        ) from None
-    finally:
-        if keepalive is not None:
-            await keepalive.stop()
+        )
+    if failed is not None:
+        raise failed
     ex.rewrites.append(ran.note)
     endpoint.dialect.read_whole(ex.answer, ran.answer)
     if plan.stream:

@@ -96,10 +96,14 @@ async def _post(client: UpstreamClient, replica: Replica, path: str, payload: di
         headers.append(("authorization", f"Bearer {key}"))
     timeouts = Timeouts(connect=COUNT_TIMEOUT, first_byte=COUNT_TIMEOUT, idle=COUNT_TIMEOUT)
     response = await client.send(replica.url + path, headers, orjson.dumps(payload), timeouts)
+    failed: BaseException | None = None
     try:
         data = await response.read(_LIMIT)
-    finally:
-        await response.close()
+    except BaseException as error:
+        failed = error
+    await response.close()
+    if failed is not None:
+        raise failed
     if response.status != 200:
         raise ValueError(f"count answered {response.status}")
     return orjson.loads(data)

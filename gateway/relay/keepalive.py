@@ -15,7 +15,6 @@ task), so a quick answer pays for one `call_later` and its cancellation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from gateway.relay.respond import Responder
 
@@ -62,5 +61,8 @@ class KeepAlive:
             return
         async with self.responder.writing:
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Waited for, not awaited: awaiting the cancelled task would raise its cancellation here
+        # only to suppress it, and compiled (mypyc) that raise reached the caller anyway.
+        await asyncio.wait((task,))
+        if not task.cancelled() and (failed := task.exception()) is not None:
+            raise failed

@@ -73,15 +73,19 @@ async def relay_stream(
         # The caller's deadline covers this too: past it, this is cancelled and the caller says so.
         first = b""
         if keepalive is not None:
+            read: BaseException | None = None
             try:
                 first = await anext(chunks, b"")
-            finally:
-                await keepalive.stop()
+            except BaseException as error:
+                read = error
+            await keepalive.stop()
+            if read is not None:
+                raise read
         changes = await _begin(responder, response, changes)
         begun = True
         # `wants` says whether a change is still at work on this block: no `bool(changes)` per read.
         changing = changes is not None and bool(changes.items)
-        async for chunk in _chained(first, chunks) if first else chunks:
+        async for chunk in _Chained(first, chunks) if first else chunks:
             out = relay.feed(chunk)
             if out and changing and changes.wants(out):  # type: ignore[union-attr]
                 out = encode(changes.stream(parse(out)))  # type: ignore[union-attr]
@@ -146,8 +150,20 @@ async def _begin(responder: Responder, response: UpstreamResponse, changes: Chan
     return Changes([Splice(responder.dialect.opening_kinds), *(changes.items if changes else ())])
 
 
-async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in rest:
-        yield chunk
+class _Chained:
+    """The chunk read while deciding (the first) and then the rest. A class rather than an async
+    generator, which mypyc cannot compile."""
+
+    __slots__ = ("first", "rest")
+
+    def __init__(self, first: bytes, rest: AsyncIterator[bytes]) -> None:
+        self.first, self.rest = first, rest
+
+    def __aiter__(self) -> _Chained:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.first:
+            first, self.first = self.first, b""
+            return first
+        return await anext(self.rest)

@@ -307,10 +307,15 @@ class LeanClient:
         deadline = loop.time() + timeout
         conn, reusable = await self._exchange(loop, "GET", url, headers, b"", timeout, deadline)
         response = _Response(self, conn, reusable, None, deadline)
+        failed: BaseException | None = None
         try:
-            return response.status, await response.read(PROBE_BODY_LIMIT)
-        finally:
-            await response.close()
+            body = await response.read(PROBE_BODY_LIMIT)
+        except BaseException as error:
+            failed = error
+        await response.close()
+        if failed is not None:
+            raise failed
+        return response.status, body
 
     async def _exchange(
         self,
