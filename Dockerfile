@@ -9,13 +9,27 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
+# 1 (the default) compiles the request path with mypyc (setup.py names the modules): a request
+# runs about a third fewer instructions in the gateway. 0 builds pure Python, as in development.
+ARG GATEWAY_COMPILE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
-# A plain (not editable) install into a venv that the runtime stage copies whole: no compiler,
-# no pip cache and no source tree in the final image.
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install . \
+# A wheel, built here with the compiler when compiling, installed (not editable) into a venv that the
+# runtime stage copies whole: no compiler, no mypy, no pip cache and no source tree in the final
+# image. The compiler comes from the build stage's own packages; nothing here lasts.
+# hadolint ignore=DL3008
+RUN if [ "$GATEWAY_COMPILE" = 1 ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/* \
+        && python -m pip install "setuptools>=77" "mypy>=1.13" \
+        && GATEWAY_COMPILE=1 python -m pip wheel --no-build-isolation --no-deps --wheel-dir wheels . ; \
+    else \
+        python -m pip wheel --no-deps --wheel-dir wheels . ; \
+    fi \
+    && python -m venv /opt/venv \
+    && /opt/venv/bin/pip install wheels/*.whl \
     && /opt/venv/bin/fleet-gateway --version
 
 FROM ${PYTHON_IMAGE}

@@ -2,7 +2,7 @@
 
     python -m bench.gateway [--quick] [--rounds N] [--duration S] [--out FILE] [--no-nginx]
                             [--minimal | --no-minimal] [--profile [GATEWAY]]
-                            [--against REV ...] [--with-team] [--rev-cache DIR]
+                            [--against REV ...] [--compiled REV ...] [--with-team] [--rev-cache DIR]
 
 Up to four contenders (more with `--against` and `--with-team`, below), side by side in one run:
 the instant upstream reached directly (`direct`), through the gateway (`gateway`: `fleet-gateway
@@ -17,8 +17,10 @@ shared, noisy machine spreads over all of them; the result is the median.
 `--against REV` (repeatable) adds another revision of the gateway as a contender (`gateway@<commit>`):
 that commit pip-installed into a scratch environment kept by commit (bench/proxycost/revisions.py),
 started with what its own `fleet-gateway serve` accepts, the same routes table, pinned and
-alternated like the others. `--with-team` adds this checkout's gateway with a named key and every
-limit configured, counted in the process (`gateway+team`; its clients send the key). With either,
+alternated like the others. `--compiled REV` (repeatable) adds a revision built as the Docker image
+ships it, its request path compiled with mypyc (`gateway@<commit>+mypyc`; the build takes several
+minutes, once per commit). `--with-team` adds this checkout's gateway with a named key and every
+limit configured, counted in the process (`gateway+team`; its clients send the key). With any of them,
 a second table gives five figures of the gateway's own cost per contender and the ratios between
 gateways (this checkout over each revision; with a team over without), also recorded as
 `<metric>_ratio` lines.
@@ -138,6 +140,14 @@ def main() -> int:
         help="also run that revision of the gateway (any git revision; repeatable); built once per commit",
     )
     parser.add_argument(
+        "--compiled",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also run that revision with its request path compiled by mypyc, as the image ships it"
+        " (repeatable); built once per commit, in minutes",
+    )
+    parser.add_argument(
         "--with-team",
         action="store_true",
         help="also run this checkout's gateway with a named key and limits (in-process counters)",
@@ -177,7 +187,8 @@ def main() -> int:
     began = time.monotonic()
     with terminate_cleanly():
         try:
-            revisions = build_all(args.against, args.rev_cache or default_cache())
+            cache = args.rev_cache or default_cache()
+            revisions = build_all(args.against, cache) + build_all(args.compiled, cache, compiled=True)
         except BenchError as exc:
             print(f"bench.gateway: {exc}", file=sys.stderr)
             return 1

@@ -8,6 +8,10 @@ gateway's code, and building one takes seconds and no download of a dependency. 
 requirements that environment does not meet (a package it lacks, a version outside a bound) gets
 an environment of its own instead, with its dependencies installed by pip, and the run says so.
 
+`--compiled REV` builds the revision with its request path compiled by mypyc, as the Docker image
+ships it (`GATEWAY_COMPILE=1`, setup.py; a contender `gateway@<commit>+mypyc`): always on this
+environment's dependencies, whose mypy compiles it (several minutes, once per commit).
+
 The source comes from `git archive` into a temporary folder outside the repository (the
 repository's own state is never touched, so nothing is left to prune if the run is killed); the
 folder is deleted once pip has installed from it. Only the commit's files are used: uncommitted
@@ -97,11 +101,12 @@ class Revision:
     layered: bool  # True: on the benchmark's own dependencies; False: an environment of its own
     serve_flags: frozenset[str]  # e.g. {"--port", "--routes"}
     settings: frozenset[str] | None  # the GATEWAY_* variables it reads; None: not known, pass all
+    compiled: bool = False  # its request path compiled with mypyc
 
     @property
     def name(self) -> str:
         """The contender's name in the tables and the JSON lines."""
-        return f"gateway@{self.commit[:7]}"
+        return f"gateway@{self.commit[:7]}" + ("+mypyc" if self.compiled else "")
 
     @property
     def executable(self) -> Path:
@@ -109,7 +114,8 @@ class Revision:
 
     def tag(self) -> dict[str, Any]:
         """What each of its JSON lines records about it."""
-        return {"rev": self.rev, "commit": self.commit, "deps": "shared" if self.layered else "own"}
+        tag = {"rev": self.rev, "commit": self.commit, "deps": "shared" if self.layered else "own"}
+        return {**tag, "compiled": True} if self.compiled else tag
 
 
 def default_cache() -> Path:
@@ -134,27 +140,30 @@ def resolve(rev: str) -> str:
     return commit
 
 
-def build_all(revs: list[str], cache: Path) -> list[Revision]:
+def build_all(revs: list[str], cache: Path, *, compiled: bool = False) -> list[Revision]:
     """Each distinct commit once, in the order given."""
     built: list[Revision] = []
     for rev in revs:
         commit = resolve(rev)
         if any(r.commit == commit for r in built):
             continue
-        built.append(prepare(rev, commit, cache))
+        built.append(prepare(rev, commit, cache, compiled=compiled))
     return built
 
 
-def prepare(rev: str, commit: str, cache: Path) -> Revision:
+def prepare(rev: str, commit: str, cache: Path, *, compiled: bool = False) -> Revision:
     """The revision's environment, from the cache or built now; checked on every use, since the
     environment it borrows dependencies from may have changed since it was built."""
     cache.mkdir(parents=True, exist_ok=True)
-    layered_env = cache / f"{commit}-{_layer_key()}"
+    layered_env = cache / (f"{commit}-{_layer_key()}" + ("-mypyc" if compiled else ""))
     with _locked(layered_env):
-        marker = _ensure(commit, layered_env, layered=True)
+        marker = _ensure(commit, layered_env, layered=True, compiled=compiled)
         info = _inspect(layered_env)
     if not info["unmet"]:
         return _revision(rev, commit, layered_env, True, info, marker)
+    if compiled:
+        unmet = "; ".join(info["unmet"])
+        raise BenchError(f"--compiled {rev}: this environment does not meet its requirements: {unmet}")
     print(
         f"{rev}: this environment does not meet its requirements ({'; '.join(info['unmet'])}):"
         " building it an environment of its own (pip installs its dependencies)",
@@ -178,7 +187,8 @@ def _revision(
         # A `gateway` found outside the scratch environment would be another checkout's code.
         raise BenchError(f"{rev}: its environment imports gateway from {info['gateway']}")
     settings = frozenset(info["settings"]) if info["settings"] is not None else None
-    return Revision(rev, commit, env, layered, frozenset(marker["serve_flags"]), settings)
+    compiled = bool(marker.get("compiled"))
+    return Revision(rev, commit, env, layered, frozenset(marker["serve_flags"]), settings, compiled)
 
 
 def _layer_key() -> str:
@@ -207,7 +217,7 @@ def _locked(env: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _ensure(commit: str, env: Path, layered: bool) -> dict[str, Any]:
+def _ensure(commit: str, env: Path, layered: bool, compiled: bool = False) -> dict[str, Any]:
     """The environment built, and its marker: what was built, and the options its `serve` takes."""
     with contextlib.suppress(OSError, ValueError):
         built: dict[str, Any] = json.loads((env / MARKER).read_text())
@@ -216,13 +226,16 @@ def _ensure(commit: str, env: Path, layered: bool) -> dict[str, Any]:
     shutil.rmtree(env, ignore_errors=True)  # a build that did not finish
     began = time.monotonic()
     kind = "on this environment's dependencies" if layered else "with its own dependencies"
+    kind += ", compiled (minutes)" if compiled else ""
     print(f"building {commit[:7]} {kind} in {env}", file=sys.stderr, flush=True)
     source = Path(tempfile.mkdtemp(prefix=f"bench-rev-{commit[:7]}-"))
     try:
         _export(commit, source)
         _make_env(env, layered)
-        _pip_install(env, source, layered)
+        _pip_install(env, source, layered, compiled)
         flags = sorted(_serve_flags(env))
+        if compiled and not _compiled_modules(env):
+            raise BenchError(f"{commit[:7]} built no compiled module: its setup.py has no GATEWAY_COMPILE")
     except BaseException:
         shutil.rmtree(env, ignore_errors=True)
         raise
@@ -232,6 +245,7 @@ def _ensure(commit: str, env: Path, layered: bool) -> dict[str, Any]:
         "commit": commit,
         "layered": layered,
         "serve_flags": flags,
+        "compiled": len(_compiled_modules(env)) if compiled else 0,
         "built_s": round(time.monotonic() - began, 1),
     }
     (env / MARKER).write_text(json.dumps(marker) + "\n")
@@ -267,21 +281,36 @@ def _python(env: Path) -> str:
     return str(env / "bin" / "python")
 
 
-def _pip_install(env: Path, source: Path, layered: bool) -> None:
+def _pip_install(env: Path, source: Path, layered: bool, compiled: bool = False) -> None:
     argv = [_python(env), "-m", "pip", "install", "--disable-pip-version-check", "--no-warn-script-location"]
     argv.append("--quiet")
+    build_env = {k: v for k, v in os.environ.items() if k != "GATEWAY_COMPILE"}
     if layered:
         # --ignore-installed: never touch the borrowed environment's fleet-gateway (it is outside
         # this prefix anyway; pip would only say so).
         argv += ["--no-deps", "--ignore-installed"]
         build_requires = _build_requires(source)
-        if not _inspect(env, build_requires)["unmet"]:
-            argv += ["--no-build-isolation", "--no-index"]  # the build backend is here: no download
+        if compiled or not _inspect(env, build_requires)["unmet"]:
+            # The build backend is here: no download. Compiling needs it so (mypyc is not among the
+            # build requirements: it is this environment's, as the Docker image's build stage has it).
+            argv += ["--no-build-isolation", "--no-index"]
+    if compiled:
+        build_env["GATEWAY_COMPILE"] = "1"
     out = subprocess.run(
-        [*argv, str(source)], capture_output=True, text=True, timeout=900, check=False, cwd=source
+        [*argv, str(source)],
+        capture_output=True,
+        text=True,
+        timeout=1800,  # a compiled build takes several minutes on two cores
+        check=False,
+        cwd=source,
+        env=build_env,
     )
     if out.returncode != 0:
         raise BenchError(f"pip could not install {source.name}:\n{(out.stderr or out.stdout)[-3000:]}")
+
+
+def _compiled_modules(env: Path) -> list[Path]:
+    return list((env / "lib" / PY / "site-packages" / "gateway").rglob("*.so"))
 
 
 def _build_requires(source: Path) -> list[str]:

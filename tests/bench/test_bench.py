@@ -293,6 +293,31 @@ def test_against_head_runs_the_committed_gateway_from_its_own_environment(
     assert "building" not in again.stderr
 
 
+def test_a_compiled_contender_refuses_a_revision_that_builds_nothing_compiled(tmp_path: Path) -> None:
+    """`--compiled` on a commit from before the compiled build: the benchmark says so, rather than
+    run that revision's pure Python under the compiled name."""
+    before = "e4338df"  # the last commit without setup.py's GATEWAY_COMPILE
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from bench.proxycost.revisions import build_all;"
+            " build_all([sys.argv[2]], Path(sys.argv[1]), compiled=True)",
+            str(tmp_path),
+            before,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "built no compiled module" in result.stderr, result.stderr[-2000:]
+    assert "compiled (minutes)" in result.stderr  # it did try to build the commit compiled
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "a failed build leaves no environment"
+
+
 def test_the_routes_table_turns_on_what_the_shipped_routes_yaml_does() -> None:
     """Every gateway of a run, old or new, gets the shipped routes.yaml's defaults and health
     settings (but the admission limit that 1,000 open streams need), whatever its built-in ones.
