@@ -285,6 +285,7 @@ def test_case_06_upstream_500_is_generic_and_not_retried() -> None:
             assert fresh_metric(gw, "gateway_replica_ejected", replica="A") == 1
 
 
+@pytest.mark.pure
 def test_case_07_deterministic_pre_network_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Case 7: the gateway's own rewrite fails: 500 gateway_error, 0 attempts, one log line each."""
 

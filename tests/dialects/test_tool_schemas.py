@@ -152,6 +152,7 @@ def test_a_schema_too_large_to_walk_is_left_as_it_came() -> None:
     assert isinstance(body["tools"], list)
 
 
+@pytest.mark.pure
 def test_a_tool_list_that_needed_nothing_is_not_walked_again() -> None:
     body = captured("claude-code-messages.json")
     known = tool_schemas.CleanLists()

@@ -171,6 +171,7 @@ def test_the_relay_matches_the_plain_reference_on_generated_streams() -> None:
     check()
 
 
+@pytest.mark.pure
 def test_a_read_full_of_usage_events_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's continuous usage puts usage in every chunk; a read of 20,000 of them is parsed event
     by event without rescanning the rest of the read each time: each event is looked for from where
