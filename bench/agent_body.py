@@ -1,7 +1,7 @@
 """What the gateway's own steps cost on an agent's request, against other revisions.
 
-    python -m bench.agent_body [--against REV ...] [--rounds N] [--requests N] [--instructions]
-                               [--out FILE]
+    python -m bench.agent_body [--against REV ...] [--compiled REV ...] [--rounds N] [--requests N]
+                               [--instructions] [--out FILE]
 
 `bench.gateway` measures the gateway with a small chat body; an agent's request is 20-70k tokens,
 and the steps that read the whole body (parse, depth, estimate, prefix fingerprint, encode) cost in
@@ -12,7 +12,8 @@ and to a llama-server one (which the gateway asks for a stream and whose tool sc
 same request 150 tool rounds into its session (290 KB: every step that reads the history reads 300
 turns), and the bench's small chat body (`POST /v1/chat/completions`), sent without a key and with
 `bench.gateway --with-team`'s named key (a team's limits and counters). Each contender is this
-checkout or a revision built by bench/proxycost/revisions.py (`--against`), in a process of its own
+checkout or a revision built by bench/proxycost/revisions.py (`--against`; `--compiled`: built as
+the Docker image ships it, compiled with mypyc), in a process of its own
 pinned to core 0, alternated round by round; the result is the median CPU time per request and
 each revision's ratio.
 
@@ -277,7 +278,7 @@ def main() -> None:
         args.requests = 400 if args.instructions else 3200
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
-    racers = contenders(args.against)
+    racers = contenders(args.against, args.compiled)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for label, path, body, routes, key in bodies(Path(scratch)):

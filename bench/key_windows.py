@@ -86,7 +86,7 @@ def measure(python: str, case: str, requests: int) -> float | None:
 
 def main() -> None:
     args = arguments(__doc__, requests=5000, out=RESULTS).parse_args()
-    racers = contenders(args.against)
+    racers = contenders(args.against, args.compiled)
     rows = []
     for label, case in zip(CASES, ("fresh", "day"), strict=True):
 

@@ -22,21 +22,30 @@ Row = tuple[str, dict[str, float | None], dict[str, list[float]]]
 
 
 def arguments(description: str | None, requests: int, out: Path) -> argparse.ArgumentParser:
-    """The options every such benchmark takes: `--against`, `--rounds`, `--requests`, `--out`."""
+    """The options every such benchmark takes: `--against`, `--compiled`, `--rounds`, `--requests`,
+    `--out`."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--against", action="append", default=[], metavar="REV")
+    parser.add_argument(
+        "--compiled",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="a revision with its request path compiled by mypyc, as the Docker image ships it",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=requests, help="per round and contender")
     parser.add_argument("--out", type=Path, default=out)
     return parser
 
 
-def contenders(revs: list[str]) -> list[tuple[str, str]]:
-    """(name, python) for this checkout and each revision."""
+def contenders(revs: list[str], compiled: list[str] | None = None) -> list[tuple[str, str]]:
+    """(name, python) for this checkout, each revision and each compiled one."""
     found = [("gateway", sys.executable)]
-    for revision in build_all(revs, default_cache()):
+    cache = default_cache()
+    for revision in build_all(revs, cache) + build_all(compiled or [], cache, compiled=True):
         found.append((revision.name, str(revision.env / "bin" / "python")))
     return found
 
