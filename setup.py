@@ -46,6 +46,7 @@ COMPILED = (
     "gateway/team/team.py",
     "gateway/team/windows.py",
     "gateway/upstream/lean_client.py",
+    "gateway/caught.py",
     "gateway/lru.py",
     "gateway/types.py",
 )

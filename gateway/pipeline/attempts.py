@@ -20,6 +20,7 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.answers.context_stop import ContextStop
+from gateway.caught import Caught
 from gateway.dialects.messages_chat import CHAT_PATH, ChatStreamAsMessages, messages_to_chat
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
@@ -173,20 +174,24 @@ class Dispatcher:
     async def open(self, attempt: Attempt) -> tuple[UpstreamResponse, Replica]:
         attempt.ticket = attempt.pool.ticket() if attempt.shared_ticket is None else attempt.shared_ticket
         try:
+            # Retried after the handler, not in it: no await in one (caught.py).
+            caught: Caught[UpstreamError] = Caught()
             try:
                 return await self._try(attempt)
             except RETRYABLE as error:
-                first = error  # retried outside the handler: no await in one (DESIGN.md, compiled)
+                caught.error = error
             retries = attempt.pool.preset.retries
             if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
-                raise first
+                caught.raise_again()
+            wait = self._wait_after(caught.error, attempt)
+            kind = caught.take().kind  # let go of: it holds this frame (caught.py)
             # Counted while retrying, not for the whole answer: a retried stream that got its
             # headers is an ordinary request again, and minutes-long streams must not use
             # up the budget a replica's crash needs.
             self.budget.retrying += 1
             try:
-                attempt.ex.retries.append(first.kind)
-                await self.sleep(self._wait_after(first, attempt))
+                attempt.ex.retries.append(kind)
+                await self.sleep(wait)
                 return await self._retry(attempt, retries.attempts - 1)
             finally:
                 self.budget.retrying -= 1
@@ -345,17 +350,16 @@ class Dispatcher:
         status = response.status
         if status in RETRYABLE_STATUS:
             detail: ReadBytes = b""
-            failed: BaseException | None = None
+            caught: Caught[BaseException] = Caught()
             try:
                 detail = await response.read(ERROR_BODY_LIMIT)
             except UpstreamError:
                 pass
             except BaseException as error:
-                failed = error
+                caught.error = error
             await response.close()
             attempt.release(replica)
-            if failed is not None:
-                raise failed
+            caught.raise_again()
             self._failed(ex, replica, f"status_{status}", "server_error")
             raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
@@ -491,7 +495,7 @@ def _session(attempt: Attempt) -> Session | None:
 async def _drain(
     response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
 ) -> None:
-    failed: BaseException | None = None
+    caught: Caught[BaseException] = Caught()
     try:
         async with asyncio.timeout_at(loop_deadline):
             async for _ in response.chunks():
@@ -499,10 +503,9 @@ async def _drain(
     except (TimeoutError, UpstreamError):
         pass
     except BaseException as error:
-        failed = error
+        caught.error = error
     await finish(response, release, replica)
-    if failed is not None:
-        raise failed
+    caught.raise_again()
 
 
 async def finish(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.caught import Caught
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError
@@ -121,7 +122,7 @@ class Frame:
     ) -> None:
         """Runs `work` while watching for the client leaving; says so in the record when it does."""
         ex = responder.ex
-        stopping: asyncio.CancelledError | None = None
+        stopping: Caught[asyncio.CancelledError] = Caught()
         with Watching(receive, link) as presence:
             try:
                 await work
@@ -131,43 +132,49 @@ class Frame:
                     ex.outcome = "client_disconnected"
                     ex.disconnect_phase = "streaming" if responder.started else "waiting"
                 else:
-                    stopping = cancelled
-            if stopping is not None:
+                    stopping.error = cancelled
+            if stopping.error is not None:
                 # The server is stopping and the drain period is over: say so rather than go silent.
                 with contextlib.suppress(Exception):
                     await responder.shutdown()
-                raise stopping
+                stopping.raise_again()
 
     async def serve(self, responder: Responder, steps: Coroutine[Any, Any, None]) -> None:
         """Runs the steps; a failure before a replica's answer started becomes the gateway's reply,
         one after a stream started ends that stream with the dialect's error event."""
-        ex = responder.ex
+        caught: Caught[Exception] = Caught()
         try:
             await steps
             return
         except Exception as failure:
-            exc = failure
-        if isinstance(exc, GatewayError):
-            error = exc
-            if responder.started and not responder.opened:
-                await _cut(responder, error, error.message, str(error.code))
-                return
-            if isinstance(error, GatewayBug):
-                # One line with the cause for the operator; the client gets the envelope only.
-                log.error(
-                    "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
-                )
-            if responder.opened or ex.outcome == "completed":
-                ex.outcome = "upstream_error" if ex.attempts else "rejected"
-            await responder.fail(error)
-        else:
-            log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
-            message = f"The gateway failed on this request; request {ex.request_id}"
-            if responder.started and not responder.opened:
-                await _cut(responder, exc, message, "internal_error")
-                return
-            ex.outcome = "rejected"
-            await responder.fail(GatewayBug(message))
+            caught.error = failure
+        await _failed(responder, caught.take())
+
+
+async def _failed(responder: Responder, exc: Exception) -> None:
+    """What `serve` does with a failure, out of the frame that caught it (caught.py)."""
+    ex = responder.ex
+    if isinstance(exc, GatewayError):
+        error = exc
+        if responder.started and not responder.opened:
+            await _cut(responder, error, error.message, str(error.code))
+            return
+        if isinstance(error, GatewayBug):
+            # One line with the cause for the operator; the client gets the envelope only.
+            log.error(
+                "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
+            )
+        if responder.opened or ex.outcome == "completed":
+            ex.outcome = "upstream_error" if ex.attempts else "rejected"
+        await responder.fail(error)
+    else:
+        log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
+        message = f"The gateway failed on this request; request {ex.request_id}"
+        if responder.started and not responder.opened:
+            await _cut(responder, exc, message, "internal_error")
+            return
+        ex.outcome = "rejected"
+        await responder.fail(GatewayBug(message))
 
 
 async def _cut(responder: Responder, error: Exception, message: str, code: str) -> None:

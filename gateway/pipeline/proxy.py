@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.answers.assemble import assembler_for
+from gateway.caught import Caught
 from gateway.dialects import tool_schemas
 from gateway.dialects.registry import WHOLE_AS_STREAM, Endpoint
 from gateway.errors import ContextExceeded, GatewayError, GatewayTimeout, UpstreamFailure
@@ -112,7 +113,7 @@ class Proxy:
         link: ClientLink | None = scope.get("gateway.link")  # from the gateway's own server
         self.frame.begin()
         try:
-            refused: GatewayError | None = None
+            refused: Caught[GatewayError] = Caught()
             try:
                 arrived = link is not None and link.body_complete
                 raw = await read_request(receive, headers, self.ctx.settings, arrived)
@@ -120,10 +121,10 @@ class Proxy:
                 ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
                 return
             except GatewayError as error:
-                refused = error
-            if refused is not None:
+                refused.error = error
+            if refused.error is not None:
                 ex.outcome = "rejected"
-                await responder.fail(refused)
+                await responder.fail(refused.take())
                 return
             steps = self._steps(endpoint, headers, raw, ex, responder)
             await self.frame.watched(receive, responder, self.frame.serve(responder, steps), link)
@@ -232,11 +233,11 @@ class Proxy:
         try:
             await self.send_and_relay(attempt, plan, call.responder)
             return
-        except _Loosened as error:
-            refusal = error
+        except _Loosened as refusal:
+            loosened, note = refusal.body, refusal.note  # retried after the handler (caught.py)
         # Once: the plan now says so, and the retry cannot raise it.
-        plan.body, plan.loosened = refusal.body, True
-        ex.rewrites.append(refusal.note)
+        plan.body, plan.loosened = loosened, True
+        ex.rewrites.append(note)
         await self.send_and_relay(
             self._attempt(call, preset, plan, ticket, tokens, key), plan, call.responder
         )
@@ -280,7 +281,7 @@ class Proxy:
             if plan.stream and not responder.started
             else None
         )
-        failed: BaseException | None = None
+        caught: Caught[BaseException] = Caught()
         try:
             # One deadline for the whole answer, retries included.
             with Deadline(loop_deadline, loop):
@@ -290,18 +291,18 @@ class Proxy:
                     response, replica = await self.dispatcher.open_detachable(attempt, loop_deadline)
                 await self._relay(attempt, plan, response, replica, responder, loop_deadline, keepalive)
         except BaseException as error:
-            failed = error
+            caught.error = error
         if keepalive is not None:
             await keepalive.stop()
-        if isinstance(failed, TimeoutError):
+        if isinstance(caught.error, TimeoutError):
+            caught.take()
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
             if not responder.started or responder.opened:
                 raise GatewayTimeout(message, code="deadline_exceeded")
             if ex.stream:
                 await responder.end(f"{message}; request {ex.request_id}", "deadline_exceeded")
-        elif failed is not None:
-            raise failed
+        caught.raise_again()
 
     async def _relay(
         self,
@@ -314,7 +315,7 @@ class Proxy:
         keepalive: KeepAlive | None,
     ) -> None:
         detach = False
-        failed: BaseException | None = None
+        caught: Caught[BaseException] = Caught()
         ex, settings = attempt.ex, self.ctx.settings
         # attempt.pool, not the pool it started in: a reload while it queued moves it to the new table's.
         preset = attempt.pool.preset
@@ -357,14 +358,14 @@ class Proxy:
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
-            failed = UpstreamFailure("The replica's answer broke off", code="upstream_disconnected")
+            caught.error = UpstreamFailure("The replica's answer broke off", code="upstream_disconnected")
         except asyncio.CancelledError as cancelled:
             # A cancellation is the deadline, the client leaving or the server stopping; only the
             # last two may leave a detachable answer running.
             detach = not preset.abort_on_disconnect and asyncio.get_running_loop().time() < loop_deadline
-            failed = cancelled
+            caught.error = cancelled
         except BaseException as error:
-            failed = error
+            caught.error = error
         if attempt.endpoint.stores and ex.answer.response_id:
             self.stored.remember(ex.answer.response_id, preset.name, replica.name, ex.owner)
         if ex.answer.prompt_tokens:
@@ -374,8 +375,7 @@ class Proxy:
             self.dispatcher.drain_later(response, attempt, replica, loop_deadline)
         else:
             await finish(response, attempt.release, replica)
-        if failed is not None:
-            raise failed
+        caught.raise_again()
 
 
 def _is_stream(response: UpstreamResponse) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from gateway.caught import Caught
 from gateway.errors import GatewayTimeout, UpstreamFailure
 from gateway.pipeline.attempts import Attempt, Dispatcher, finish
 from gateway.pipeline.rewrite import Plan
@@ -50,7 +51,7 @@ async def serve_rounds(
         attempt = dataclasses.replace(first, body=body, tried=[], refused=[], encoded={})
         response, replica = await dispatcher.open(attempt)
         data: ReadBytes | None = None
-        failed: BaseException | None = None
+        caught: Caught[BaseException] = Caught()
         try:
             if response.status >= 300:
                 secret = replica.api_key()
@@ -58,10 +59,9 @@ async def serve_rounds(
             else:
                 data = await response.read(settings.max_answer_bytes + 1)
         except BaseException as error:
-            failed = error
+            caught.error = error
         await finish(response, attempt.release, replica)
-        if failed is not None:
-            raise failed
+        caught.raise_again()
         if data is None:
             raise _Answered
         try:
@@ -76,25 +76,25 @@ async def serve_rounds(
         KeepAlive(responder, settings.keepalive_after, settings.keepalive_every) if plan.stream else None
     )
     loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
-    failed: BaseException | None = None
+    caught: Caught[BaseException] = Caught()
     try:
         async with asyncio.timeout_at(loop_deadline):
             ran = await server_tools.Loop(config, Executor(config.search, config.fetch)).run(
                 plan.body, server, send
             )
     except BaseException as error:
-        failed = error
+        caught.error = error
     if keepalive is not None:
         await keepalive.stop()
-    if isinstance(failed, _Answered):
+    if isinstance(caught.error, _Answered):
         return
-    if isinstance(failed, TimeoutError):
+    if isinstance(caught.error, TimeoutError):
+        caught.take()
         raise GatewayTimeout(
             f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
             code="deadline_exceeded",
         )
-    if failed is not None:
-        raise failed
+    caught.raise_again()
     ex.rewrites.append(ran.note)
     endpoint.dialect.read_whole(ex.answer, ran.answer)
     if plan.stream:

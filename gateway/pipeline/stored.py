@@ -4,6 +4,7 @@ is asked (fleet/stored.py remembers which), or the gateway says it knows no such
 
 from __future__ import annotations
 
+from gateway.caught import Caught
 from gateway.dialects.registry import STORED
 from gateway.errors import GatewayError, NotFound
 from gateway.pipeline.attempts import Attempt
@@ -40,16 +41,16 @@ class StoredAnswers:
                 await responder.fail(error)
                 return
             ex.preset, ex.route = pool.preset.name, "stored"
-            refused: GatewayError | None = None
+            refused: Caught[GatewayError] = Caught()
             try:
                 # A key's presets and request limits hold for these calls as for any of its requests.
                 proxy.ctx.team.check_preset(ex.identity, pool.preset.name)
                 await proxy.ctx.team.reserve(ex.identity, pool.preset.name, 0)
             except GatewayError as error:
-                refused = error
-            if refused is not None:
+                refused.error = error
+            if refused.error is not None:
                 ex.outcome = "rejected"
-                await responder.fail(refused)
+                await responder.fail(refused.take())
                 return
             ex.admitted = True
             deadline = proxy.ctx.clock() + pool.preset.timeouts.read

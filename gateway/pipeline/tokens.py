@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gateway.caught import Caught
 from gateway.dialects.registry import Endpoint
 from gateway.fleet.replicas import Pool, Replica
 from gateway.pipeline.rewrite import budget_key
@@ -96,14 +97,13 @@ async def _post(client: UpstreamClient, replica: Replica, path: str, payload: di
         headers.append(("authorization", f"Bearer {key}"))
     timeouts = Timeouts(connect=COUNT_TIMEOUT, first_byte=COUNT_TIMEOUT, idle=COUNT_TIMEOUT)
     response = await client.send(replica.url + path, headers, orjson.dumps(payload), timeouts)
-    failed: BaseException | None = None
+    caught: Caught[BaseException] = Caught()
     try:
         data = await response.read(_LIMIT)
     except BaseException as error:
-        failed = error
+        caught.error = error
     await response.close()
-    if failed is not None:
-        raise failed
+    caught.raise_again()
     if response.status != 200:
         raise ValueError(f"count answered {response.status}")
     return orjson.loads(data)

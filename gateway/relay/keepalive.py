@@ -61,8 +61,8 @@ class KeepAlive:
             return
         async with self.responder.writing:
             task.cancel()
-        # Waited for, not awaited: awaiting the cancelled task would raise its cancellation here
-        # only to suppress it, and compiled (mypyc) that raise reached the caller anyway.
+        # Waited for, not awaited: its cancellation is not raised here only to be suppressed. Compiled
+        # (mypyc), such a suppressed exception once came back out of a caller (DESIGN.md).
         await asyncio.wait((task,))
         if not task.cancelled() and (failed := task.exception()) is not None:
             raise failed

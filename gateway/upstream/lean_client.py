@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.caught import Caught
 from gateway.types import ReadBytes
 from gateway.upstream import (
     CHUNK_LIMIT,
@@ -307,14 +308,13 @@ class LeanClient:
         deadline = loop.time() + timeout
         conn, reusable = await self._exchange(loop, "GET", url, headers, b"", timeout, deadline)
         response = _Response(self, conn, reusable, None, deadline)
-        failed: BaseException | None = None
+        caught: Caught[BaseException] = Caught()
         try:
             body = await response.read(PROBE_BODY_LIMIT)
         except BaseException as error:
-            failed = error
+            caught.error = error
         await response.close()
-        if failed is not None:
-            raise failed
+        caught.raise_again()
         return response.status, body
 
     async def _exchange(
