@@ -20,7 +20,7 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.answers.context_stop import ContextStop
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.dialects.messages_chat import CHAT_PATH, ChatStreamAsMessages, messages_to_chat
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError, GatewayTimeout, NoUpstream, UpstreamFailure
@@ -175,14 +175,13 @@ class Dispatcher:
         attempt.ticket = attempt.pool.ticket() if attempt.shared_ticket is None else attempt.shared_ticket
         try:
             # Retried after the handler, not in it: no await in one (caught.py).
-            caught: Caught[UpstreamError] = Caught()
             try:
                 return await self._try(attempt)
             except RETRYABLE as error:
-                caught.error = error
+                caught = Caught(error)
             retries = attempt.pool.preset.retries
             if retries.attempts < 2 or not self.budget.allow(retries.budget, retries.min_concurrent):
-                caught.raise_again()
+                raise_again(caught)
             wait = self._wait_after(caught.error, attempt)
             kind = caught.take().kind  # let go of: it holds this frame (caught.py)
             # Counted while retrying, not for the whole answer: a retried stream that got its
@@ -350,16 +349,16 @@ class Dispatcher:
         status = response.status
         if status in RETRYABLE_STATUS:
             detail: ReadBytes = b""
-            caught: Caught[BaseException] = Caught()
+            caught: Caught[BaseException] | None = None
             try:
                 detail = await response.read(ERROR_BODY_LIMIT)
             except UpstreamError:
                 pass
             except BaseException as error:
-                caught.error = error
+                caught = Caught(error)
             await response.close()
             attempt.release(replica)
-            caught.raise_again()
+            raise_again(caught)
             self._failed(ex, replica, f"status_{status}", "server_error")
             raise RetryableStatus(status, detail, _retry_after(response.headers.get("retry-after")))
         outcome: Outcome = "server_error" if status >= 500 else "client_error" if status >= 400 else "success"
@@ -495,7 +494,7 @@ def _session(attempt: Attempt) -> Session | None:
 async def _drain(
     response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica, loop_deadline: float
 ) -> None:
-    caught: Caught[BaseException] = Caught()
+    caught: Caught[BaseException] | None = None
     try:
         async with asyncio.timeout_at(loop_deadline):
             async for _ in response.chunks():
@@ -503,9 +502,9 @@ async def _drain(
     except (TimeoutError, UpstreamError):
         pass
     except BaseException as error:
-        caught.error = error
+        caught = Caught(error)
     await finish(response, release, replica)
-    caught.raise_again()
+    raise_again(caught)
 
 
 async def finish(response: UpstreamResponse, release: Callable[[Replica], None], replica: Replica) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.dialects.answer import TRAP_WARNING
 from gateway.dialects.registry import Endpoint
 from gateway.errors import GatewayBug, GatewayError
@@ -122,7 +122,7 @@ class Frame:
     ) -> None:
         """Runs `work` while watching for the client leaving; says so in the record when it does."""
         ex = responder.ex
-        stopping: Caught[asyncio.CancelledError] = Caught()
+        stopping: Caught[asyncio.CancelledError] | None = None
         with Watching(receive, link) as presence:
             try:
                 await work
@@ -132,22 +132,21 @@ class Frame:
                     ex.outcome = "client_disconnected"
                     ex.disconnect_phase = "streaming" if responder.started else "waiting"
                 else:
-                    stopping.error = cancelled
-            if stopping.error is not None:
+                    stopping = Caught(cancelled)
+            if stopping is not None:
                 # The server is stopping and the drain period is over: say so rather than go silent.
                 with contextlib.suppress(Exception):
                     await responder.shutdown()
-                stopping.raise_again()
+                raise_again(stopping)
 
     async def serve(self, responder: Responder, steps: Coroutine[Any, Any, None]) -> None:
         """Runs the steps; a failure before a replica's answer started becomes the gateway's reply,
         one after a stream started ends that stream with the dialect's error event."""
-        caught: Caught[Exception] = Caught()
         try:
             await steps
             return
         except Exception as failure:
-            caught.error = failure
+            caught = Caught(failure)
         await _failed(responder, caught.take())
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.answers.assemble import assembler_for
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.dialects import tool_schemas
 from gateway.dialects.registry import WHOLE_AS_STREAM, Endpoint
 from gateway.errors import ContextExceeded, GatewayError, GatewayTimeout, UpstreamFailure
@@ -113,7 +113,7 @@ class Proxy:
         link: ClientLink | None = scope.get("gateway.link")  # from the gateway's own server
         self.frame.begin()
         try:
-            refused: Caught[GatewayError] = Caught()
+            refused: Caught[GatewayError] | None = None
             try:
                 arrived = link is not None and link.body_complete
                 raw = await read_request(receive, headers, self.ctx.settings, arrived)
@@ -121,8 +121,8 @@ class Proxy:
                 ex.outcome, ex.disconnect_phase = "client_disconnected", "reading"
                 return
             except GatewayError as error:
-                refused.error = error
-            if refused.error is not None:
+                refused = Caught(error)
+            if refused is not None:
                 ex.outcome = "rejected"
                 await responder.fail(refused.take())
                 return
@@ -281,7 +281,7 @@ class Proxy:
             if plan.stream and not responder.started
             else None
         )
-        caught: Caught[BaseException] = Caught()
+        caught: Caught[BaseException] | None = None
         try:
             # One deadline for the whole answer, retries included.
             with Deadline(loop_deadline, loop):
@@ -291,10 +291,10 @@ class Proxy:
                     response, replica = await self.dispatcher.open_detachable(attempt, loop_deadline)
                 await self._relay(attempt, plan, response, replica, responder, loop_deadline, keepalive)
         except BaseException as error:
-            caught.error = error
+            caught = Caught(error)
         if keepalive is not None:
             await keepalive.stop()
-        if isinstance(caught.error, TimeoutError):
+        if caught is not None and isinstance(caught.error, TimeoutError):
             caught.take()
             ex.outcome, ex.error_code = "upstream_error", "deadline_exceeded"
             message = f"No answer within the preset's deadline of {preset.timeouts.read:g} s"
@@ -302,7 +302,7 @@ class Proxy:
                 raise GatewayTimeout(message, code="deadline_exceeded")
             if ex.stream:
                 await responder.end(f"{message}; request {ex.request_id}", "deadline_exceeded")
-        caught.raise_again()
+        raise_again(caught)
 
     async def _relay(
         self,
@@ -315,7 +315,7 @@ class Proxy:
         keepalive: KeepAlive | None,
     ) -> None:
         detach = False
-        caught: Caught[BaseException] = Caught()
+        caught: Caught[BaseException] | None = None
         ex, settings = attempt.ex, self.ctx.settings
         # attempt.pool, not the pool it started in: a reload while it queued moves it to the new table's.
         preset = attempt.pool.preset
@@ -358,14 +358,14 @@ class Proxy:
         except UpstreamError as error:
             ex.outcome = "upstream_error"
             ex.upstream_errors.append(error.kind)
-            caught.error = UpstreamFailure("The replica's answer broke off", code="upstream_disconnected")
+            caught = Caught(UpstreamFailure("The replica's answer broke off", code="upstream_disconnected"))
         except asyncio.CancelledError as cancelled:
             # A cancellation is the deadline, the client leaving or the server stopping; only the
             # last two may leave a detachable answer running.
             detach = not preset.abort_on_disconnect and asyncio.get_running_loop().time() < loop_deadline
-            caught.error = cancelled
+            caught = Caught(cancelled)
         except BaseException as error:
-            caught.error = error
+            caught = Caught(error)
         if attempt.endpoint.stores and ex.answer.response_id:
             self.stored.remember(ex.answer.response_id, preset.name, replica.name, ex.owner)
         if ex.answer.prompt_tokens:
@@ -375,7 +375,7 @@ class Proxy:
             self.dispatcher.drain_later(response, attempt, replica, loop_deadline)
         else:
             await finish(response, attempt.release, replica)
-        caught.raise_again()
+        raise_again(caught)
 
 
 def _is_stream(response: UpstreamResponse) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.errors import GatewayTimeout, UpstreamFailure
 from gateway.pipeline.attempts import Attempt, Dispatcher, finish
 from gateway.pipeline.rewrite import Plan
@@ -51,7 +51,7 @@ async def serve_rounds(
         attempt = dataclasses.replace(first, body=body, tried=[], refused=[], encoded={})
         response, replica = await dispatcher.open(attempt)
         data: ReadBytes | None = None
-        caught: Caught[BaseException] = Caught()
+        caught: Caught[BaseException] | None = None
         try:
             if response.status >= 300:
                 secret = replica.api_key()
@@ -59,9 +59,9 @@ async def serve_rounds(
             else:
                 data = await response.read(settings.max_answer_bytes + 1)
         except BaseException as error:
-            caught.error = error
+            caught = Caught(error)
         await finish(response, attempt.release, replica)
-        caught.raise_again()
+        raise_again(caught)
         if data is None:
             raise _Answered
         try:
@@ -76,25 +76,25 @@ async def serve_rounds(
         KeepAlive(responder, settings.keepalive_after, settings.keepalive_every) if plan.stream else None
     )
     loop_deadline = asyncio.get_running_loop().time() + preset.timeouts.read
-    caught: Caught[BaseException] = Caught()
+    caught: Caught[BaseException] | None = None
     try:
         async with asyncio.timeout_at(loop_deadline):
             ran = await server_tools.Loop(config, Executor(config.search, config.fetch)).run(
                 plan.body, server, send
             )
     except BaseException as error:
-        caught.error = error
+        caught = Caught(error)
     if keepalive is not None:
         await keepalive.stop()
-    if isinstance(caught.error, _Answered):
+    if caught is not None and isinstance(caught.error, _Answered):
         return
-    if isinstance(caught.error, TimeoutError):
+    if caught is not None and isinstance(caught.error, TimeoutError):
         caught.take()
         raise GatewayTimeout(
             f"No answer within the preset's deadline of {preset.timeouts.read:g} s",
             code="deadline_exceeded",
         )
-    caught.raise_again()
+    raise_again(caught)
     ex.rewrites.append(ran.note)
     endpoint.dialect.read_whole(ex.answer, ran.answer)
     if plan.stream:

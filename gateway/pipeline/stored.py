@@ -41,14 +41,14 @@ class StoredAnswers:
                 await responder.fail(error)
                 return
             ex.preset, ex.route = pool.preset.name, "stored"
-            refused: Caught[GatewayError] = Caught()
+            refused: Caught[GatewayError] | None = None
             try:
                 # A key's presets and request limits hold for these calls as for any of its requests.
                 proxy.ctx.team.check_preset(ex.identity, pool.preset.name)
                 await proxy.ctx.team.reserve(ex.identity, pool.preset.name, 0)
             except GatewayError as error:
-                refused.error = error
-            if refused.error is not None:
+                refused = Caught(error)
+            if refused is not None:
                 ex.outcome = "rejected"
                 await responder.fail(refused.take())
                 return

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.dialects.registry import Endpoint
 from gateway.fleet.replicas import Pool, Replica
 from gateway.pipeline.rewrite import budget_key
@@ -97,13 +97,13 @@ async def _post(client: UpstreamClient, replica: Replica, path: str, payload: di
         headers.append(("authorization", f"Bearer {key}"))
     timeouts = Timeouts(connect=COUNT_TIMEOUT, first_byte=COUNT_TIMEOUT, idle=COUNT_TIMEOUT)
     response = await client.send(replica.url + path, headers, orjson.dumps(payload), timeouts)
-    caught: Caught[BaseException] = Caught()
+    caught: Caught[BaseException] | None = None
     try:
         data = await response.read(_LIMIT)
     except BaseException as error:
-        caught.error = error
+        caught = Caught(error)
     await response.close()
-    caught.raise_again()
+    raise_again(caught)
     if response.status != 200:
         raise ValueError(f"count answered {response.status}")
     return orjson.loads(data)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from gateway.answers.changes import Changes
 from gateway.answers.events import encode, parse
 from gateway.answers.splice import Splice
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.errors import MAX_MESSAGE
 from gateway.relay.keepalive import KeepAlive
 from gateway.relay.respond import Responder, stream_head
@@ -74,13 +74,13 @@ async def relay_stream(
         # The caller's deadline covers this too: past it, this is cancelled and the caller says so.
         first = b""
         if keepalive is not None:
-            caught: Caught[BaseException] = Caught()
+            caught: Caught[BaseException] | None = None
             try:
                 first = await anext(chunks, b"")
             except BaseException as error:
-                caught.error = error
+                caught = Caught(error)
             await keepalive.stop()
-            caught.raise_again()
+            raise_again(caught)
         changes = await _begin(responder, response, changes)
         begun = True
         # `wants` says whether a change is still at work on this block: no `bool(changes)` per read.

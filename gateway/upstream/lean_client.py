@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.caught import Caught
+from gateway.caught import Caught, raise_again
 from gateway.types import ReadBytes
 from gateway.upstream import (
     CHUNK_LIMIT,
@@ -308,13 +308,13 @@ class LeanClient:
         deadline = loop.time() + timeout
         conn, reusable = await self._exchange(loop, "GET", url, headers, b"", timeout, deadline)
         response = _Response(self, conn, reusable, None, deadline)
-        caught: Caught[BaseException] = Caught()
+        caught: Caught[BaseException] | None = None
         try:
             body = await response.read(PROBE_BODY_LIMIT)
         except BaseException as error:
-            caught.error = error
+            caught = Caught(error)
         await response.close()
-        caught.raise_again()
+        raise_again(caught)
         return response.status, body
 
     async def _exchange(
