@@ -154,18 +154,15 @@ async def _failed(responder: Responder, exc: Exception) -> None:
     """What `serve` does with a failure, out of the frame that caught it (caught.py)."""
     ex = responder.ex
     if isinstance(exc, GatewayError):
-        error = exc
         if responder.started and not responder.opened:
-            await _cut(responder, error, error.message, str(error.code))
+            await _cut(responder, exc, exc.message, str(exc.code))
             return
-        if isinstance(error, GatewayBug):
+        if isinstance(exc, GatewayBug):
             # One line with the cause for the operator; the client gets the envelope only.
-            log.error(
-                "request %s failed inside the gateway", ex.request_id, exc_info=error.__cause__ or error
-            )
+            log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc.__cause__ or exc)
         if responder.opened or ex.outcome == "completed":
             ex.outcome = "upstream_error" if ex.attempts else "rejected"
-        await responder.fail(error)
+        await responder.fail(exc)
     else:
         log.error("request %s failed inside the gateway", ex.request_id, exc_info=exc)
         message = f"The gateway failed on this request; request {ex.request_id}"

@@ -64,5 +64,5 @@ class KeepAlive:
         # Waited for, not awaited: its cancellation is not raised here only to be suppressed. Compiled
         # (mypyc), such a suppressed exception once came back out of a caller (DESIGN.md).
         await asyncio.wait((task,))
-        if not task.cancelled() and (failed := task.exception()) is not None:
-            raise failed
+        if not task.cancelled():
+            task.result()  # a write that failed fails here, as before
